@@ -1,0 +1,62 @@
+"""Sessions of the workspace. Logic lives in tools/; this file only lists sessions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tools import cells, envs, matrix, results  # noqa: E402
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.download_python = "never"
+nox.options.sessions = ["repro"]
+nox.options.reuse_existing_virtualenvs = True
+
+MATRIX = matrix.load()
+PYTHON = "3.11"
+TEST_TORCH = "2.13.0"
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("cell", MATRIX.cells, ids=[c.id for c in MATRIX.cells])
+def repro(session: nox.Session, cell: matrix.Cell) -> None:
+    """Run every repro of repro/matrix.toml in one Lightning x torch cell."""
+    opts, repro_args = cells.parse_posargs(session.posargs)
+    out = results.run_dir("repro")
+    reason = cell.skip_reason(opts.include_unsupported)
+    if reason:
+        cells.record_skip(cell, reason, out)
+        session.skip(reason)
+    session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
+    session.install(*envs.install_args(cell.package, cell.lightning, cell.torch))
+    cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
+                   opts.timeout, log=session.log)
+    if cell == [c for c in MATRIX.cells if not c.skip_reason(opts.include_unsupported)][-1]:
+        print(cells.write_summary(out, MATRIX))
+    session.log(f"results: {out}")
+
+
+@nox.session(python=False)
+def summary(session: nox.Session) -> None:
+    """Print the summary table of the latest `nox -s repro` run."""
+    latest = results.latest_dir("repro")
+    if not latest.exists():
+        session.error("no results yet: run `nox -s repro` first")
+    print(cells.write_summary(latest, MATRIX))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The workspace's own test suite, against the newest Lightning on a current torch."""
+    session.install(f"torch=={TEST_TORCH}", "pytorch-lightning", "pytest", "pytest-timeout",
+                    "gitpython", "packaging")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")

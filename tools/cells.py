@@ -1,0 +1,72 @@
+"""One cell of the repro matrix: run every repro through the harness and record the results."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tools import harness, results
+from tools.matrix import ROOT, Cell, Matrix
+
+_DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
+_START = time.monotonic()
+
+
+def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split ``nox -s repro -- ...`` into the workspace's own flags and the repros' options."""
+    p = argparse.ArgumentParser(prog="nox -s repro --", add_help=False)
+    p.add_argument("--include-unsupported", action="store_true",
+                   help="also run cells outside a release's declared torch range")
+    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per repro run")
+    return p.parse_known_args(posargs)
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def progress(cell: Cell, matrix: Matrix, include_unsupported: bool) -> str:
+    runnable = [c for c in matrix.cells if not c.skip_reason(include_unsupported)]
+    position = next((i for i, c in enumerate(runnable, 1) if c.id == cell.id), 0)
+    line = f"cell {position}/{len(runnable)} {cell.id}, elapsed {_clock(time.monotonic() - _START)}"
+    if _DONE:
+        line += f", ETA ~{_clock(sum(_DONE) / len(_DONE) * (len(runnable) - position + 1))}"
+    return line
+
+
+def _cell_json(cell: Cell) -> dict:
+    return {**asdict(cell), "id": cell.id}
+
+
+def record_skip(cell: Cell, reason: str, out: Path) -> None:
+    results.write_json(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
+
+
+def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
+             timeout: float, log=print) -> dict:
+    started = time.monotonic()
+    outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args}
+    for repro in matrix.repros:
+        cmd = [python, str(ROOT / repro.script), *repro.args, *repro_args]
+        res = harness.run(cmd, timeout=timeout, log_stem=out / "logs" / cell.id / repro.name)
+        outcome["results"][repro.name] = res.to_dict()
+        versions = (res.record or {}).get("versions") or {}
+        outcome.setdefault("torch_installed", versions.get("torch"))
+        outcome.setdefault("lightning_installed", versions.get("lightning"))
+        flag = "" if repro.expect in (None, res.verdict) else f"  (expected {repro.expect})"
+        log(f"  {repro.name}: {results.cell_text(res.to_dict())} [{res.seconds:.1f} s]{flag}")
+    outcome["seconds"] = round(time.monotonic() - started, 1)
+    _DONE.append(outcome["seconds"])
+    results.write_json(out / "cells" / f"{cell.id}.json", outcome)
+    write_summary(out, matrix)
+    return outcome
+
+
+def write_summary(out: Path, matrix: Matrix) -> str:
+    cells = results.load_cells(out)
+    table = results.summary_markdown(cells, [r.name for r in matrix.repros])
+    results.write_atomic(out / "summary.md", table)
+    results.write_json(out / "summary.json", cells)
+    return table

@@ -1,0 +1,169 @@
+"""Run one repro in a fresh process group under a hard wall-clock limit.
+
+The repro is started as the leader of a new session. The group is killed (SIGTERM, then SIGKILL)
+when the leader exits, when the time limit passes, or when another member of the group dies and
+the leader does not follow within ``peer_grace`` seconds: a crashed rank never leaves its peer
+blocked in a collective. stdout and stderr are kept in full next to each other; the verdict line
+is parsed and the exit code is mapped onto the contract (see ``tools.contract``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tools import contract
+
+
+@dataclass
+class RunResult:
+    code: int  # the contract's exit code
+    verdict: str
+    reason: str | None
+    seconds: float
+    returncode: int | None  # the leader's own exit status (negative: killed by that signal)
+    record: dict | None = None  # the repro's verdict line
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    leftovers: list[int] = field(default_factory=list)  # pids still alive after the kill
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def group_members(pgid: int) -> set[int]:
+    """PIDs whose process group is ``pgid`` (Linux /proc)."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.add(int(entry))
+    return members
+
+
+def kill_group(pgid: int, grace: float = 3.0) -> list[int]:
+    """SIGTERM the group, SIGKILL what is left after ``grace`` s; returns pids still alive."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return []
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_members(pgid):
+                return []
+            time.sleep(0.05)
+    return sorted(group_members(pgid))
+
+
+def _wait(proc: subprocess.Popen, timeout: float, peer_grace: float, poll: float = 0.1):
+    """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'.
+
+    A member that lived at least 2 s and then vanished is taken for a dead rank (short-lived
+    helpers such as ``uname`` started at import time do not count).
+    """
+    deadline = time.monotonic() + timeout
+    first_seen: dict[int, float] = {}
+    peer_died_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        alive = group_members(proc.pid)
+        for pid in alive:
+            first_seen.setdefault(pid, now)
+        gone = [pid for pid, t in first_seen.items() if pid not in alive and now - t >= 2.0]
+        if gone and peer_died_at is None and proc.poll() is None:
+            peer_died_at = now
+        if peer_died_at is not None and now - peer_died_at >= peer_grace:
+            return "peer"
+        time.sleep(poll)
+    return None
+
+
+def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
+        env: dict | None = None, cwd: str | Path | None = None, peer_grace: float = 30.0,
+        require_record: bool = True, signature: str | None = None) -> RunResult:
+    """Run ``cmd`` (a repro) and judge it by the contract.
+
+    ``require_record``: exit 1 counts as bad only with a verdict line saying so (an uncaught
+    exception also exits 1). For a user's own script without a verdict line, pass
+    ``require_record=False`` and, ideally, ``signature``: a regex that must appear in its output.
+    """
+    log_stem = Path(log_stem) if log_stem else None
+    if log_stem:
+        log_stem.parent.mkdir(parents=True, exist_ok=True)
+        out_path, err_path = Path(f"{log_stem}.stdout"), Path(f"{log_stem}.stderr")
+    else:
+        out_path = err_path = None
+    start = time.monotonic()
+    out = open(out_path, "w+") if out_path else _temp()
+    err = open(err_path, "w+") if err_path else _temp()
+    with out, err:
+        try:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=cwd, start_new_session=True)
+        except OSError as exc:
+            return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
+        try:
+            why = _wait(proc, timeout, peer_grace)
+        except BaseException:  # Ctrl-C: no verdict, but never leave ranks behind
+            kill_group(proc.pid)
+            raise
+        leftovers = kill_group(proc.pid)
+        proc.wait()
+        seconds = round(time.monotonic() - start, 2)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    result = _judge(proc.returncode, why, timeout, stdout, stderr, require_record, signature)
+    result.seconds, result.leftovers = seconds, leftovers
+    result.stdout_path = str(out_path) if out_path else None
+    result.stderr_path = str(err_path) if err_path else None
+    return result
+
+
+def _temp():
+    import tempfile
+
+    return tempfile.TemporaryFile("w+")
+
+
+def _judge(rc, why, timeout, stdout, stderr, require_record, signature) -> RunResult:
+    record = contract.parse_verdict_line(stdout)
+
+    def result(code, reason=None):
+        return RunResult(code, contract.name(code), reason, 0.0, rc, record)
+
+    if why == "timeout":
+        return result(contract.SKIP, f"timed out after {timeout:g} s; process group killed")
+    if why == "peer":
+        return result(contract.SKIP, "a rank died and its peer did not exit; process group killed")
+    if rc < 0:
+        return result(contract.SKIP, f"killed by {signal.Signals(-rc).name}")
+    if record is not None and record.get("exit_code") != rc:
+        return result(contract.FAIL, f"verdict line says {record.get('exit_code')}, exit code {rc}")
+    if rc == contract.BAD:
+        if signature and not re.search(signature, stdout + stderr):
+            return result(contract.SKIP, f"exit 1 without the signature /{signature}/")
+        if require_record and record is None and not signature:
+            tail = (stderr.strip().splitlines() or [""])[-1]
+            return result(contract.SKIP, f"exit 1 without a verdict line: {tail[:200]}")
+        return result(contract.BAD, record and record.get("signature"))
+    if rc in (contract.GOOD, contract.SKIP):
+        reason = (record or {}).get("details", {}).get("reason") if rc == contract.SKIP else None
+        return result(rc, reason)
+    if rc >= contract.FAIL:
+        return result(rc, f"the repro reported a harness failure (exit {rc})")
+    return result(contract.SKIP, f"unrelated exit code {rc}")

@@ -1,0 +1,112 @@
+"""Release facts from the package index: versions, upload dates, yanked flags, Requires-Python.
+
+Uses the standard simple-repository JSON API (PEP 691 + PEP 700 upload times) of the index uv
+uses: ``UV_DEFAULT_INDEX`` or ``UV_INDEX_URL`` when set, else pip's default index.
+Answers are cached for a day under ``.cache/index/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name,
+                             parse_sdist_filename, parse_wheel_filename)
+from packaging.version import InvalidVersion, Version
+
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / "index"
+MAX_AGE = 24 * 3600
+
+
+class UnknownRelease(LookupError):
+    """The index has no such project or version (bad input: exit 2)."""
+
+
+@dataclass(frozen=True)
+class Release:
+    version: Version
+    uploaded: datetime  # first file's upload time
+    yanked: bool  # every file yanked
+    requires_python: str | None
+
+
+def index_url() -> str:
+    url = os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL")
+    if not url:
+        from pip._internal.models.index import PyPI  # the default index, as pip knows it
+
+        url = PyPI.simple_url
+    return url.rstrip("/")
+
+
+def _project_json(name: str) -> dict:
+    name = canonicalize_name(name)
+    path = CACHE / f"{name}.json"
+    if path.exists() and time.time() - path.stat().st_mtime < MAX_AGE:
+        return json.loads(path.read_text())
+    req = urllib.request.Request(f"{index_url()}/{name}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = json.load(resp)
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            raise UnknownRelease(f"no project {name!r} on the package index") from None
+        raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+    return data
+
+
+def _file_version(filename: str) -> Version | None:
+    try:
+        if filename.endswith(".whl"):
+            return parse_wheel_filename(filename)[1]
+        return parse_sdist_filename(filename)[1]
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+
+
+def releases(name: str) -> dict[Version, Release]:
+    """Every release of ``name`` that has files with an upload time, oldest first."""
+    found: dict[Version, list[dict]] = {}
+    for f in _project_json(name).get("files", []):
+        version = _file_version(f["filename"])
+        if version is not None and f.get("upload-time"):
+            found.setdefault(version, []).append(f)
+    out = {}
+    for version in sorted(found):
+        files = found[version]
+        out[version] = Release(
+            version=version,
+            uploaded=min(datetime.fromisoformat(f["upload-time"].replace("Z", "+00:00"))
+                         for f in files),
+            yanked=all(bool(f.get("yanked")) for f in files),
+            requires_python=next((f["requires-python"] for f in files if f.get("requires-python")),
+                                 None),
+        )
+    return out
+
+
+def release(name: str, version: str) -> Release:
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        raise UnknownRelease(f"{version!r} is not a version") from None
+    found = releases(name).get(wanted)
+    if found is None:
+        raise UnknownRelease(f"{name} {version} is not on the package index")
+    return found
+
+
+def day_after(moment: datetime) -> str:
+    """A cutoff for uv's --exclude-newer that still admits everything uploaded on that day."""
+    return (moment + timedelta(days=1)).date().isoformat()

@@ -1,0 +1,75 @@
+"""The Lightning x torch matrix of ``nox -s repro``, read from ``repro/matrix.toml``."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "repro" / "matrix.toml"
+PREFIX = {"pytorch-lightning": "pl", "lightning": "lightning"}
+
+
+def slug(version: str) -> str:
+    """A version as a nox ``-k`` keyword: dots and other punctuation become ``_``."""
+    return "".join(c if c.isalnum() else "_" for c in version)
+
+
+@dataclass(frozen=True)
+class Repro:
+    name: str
+    script: str
+    args: tuple[str, ...] = ()
+    expect: str | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    package: str
+    lightning: str
+    torch: str
+    declared: str | None  # the torch range the release declares (None: unknown)
+    included: str | None = None  # why an out-of-range cell runs anyway
+    index: int = field(default=0, compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{PREFIX[self.package]}{slug(self.lightning)}-torch{slug(self.torch)}"
+
+    @property
+    def in_range(self) -> bool:
+        return self.declared is None or Version(self.torch) in SpecifierSet(self.declared)
+
+    def skip_reason(self, include_unsupported: bool = False) -> str | None:
+        if self.in_range or self.included or include_unsupported:
+            return None
+        return (f"torch {self.torch} is outside {self.package} {self.lightning}'s declared "
+                f"range {self.declared} (run anyway: -- --include-unsupported)")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    cells: tuple[Cell, ...]
+    repros: tuple[Repro, ...]
+
+
+def load(path: Path = DEFAULT) -> Matrix:
+    data = tomllib.loads(Path(path).read_text())
+    ranges = data.get("supported_torch", {})
+    includes = {(i["package"], i["lightning"], i["torch"]): i.get("reason", "listed")
+                for i in data.get("include", [])}
+    keys = [(pkg, ver, t) for pkg, versions in data.get("lightning", {}).items()
+            for ver in versions for t in data.get("torch", [])]
+    keys += [k for k in includes if k not in keys]
+    for pkg, _, _ in keys:
+        if pkg not in PREFIX:
+            raise ValueError(f"{path}: unknown package {pkg!r} (one of {', '.join(PREFIX)})")
+    cells = tuple(Cell(pkg, ver, t, ranges.get(ver), includes.get((pkg, ver, t)), i)
+                  for i, (pkg, ver, t) in enumerate(keys))
+    repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"))
+                   for r in data.get("repro", []))
+    return Matrix(cells, repros)
