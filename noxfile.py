@@ -8,13 +8,14 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results  # noqa: E402
+from tools import cells, matrix, results  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
 nox.options.sessions = ["repro"]
 nox.options.reuse_existing_virtualenvs = True
 
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 MATRIX = matrix.load()
 PYTHON = "3.11"
 TEST_TORCH = "2.13.0"
@@ -31,7 +32,7 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
         cells.record_skip(cell, reason, out)
         session.skip(reason)
     session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
-    session.install(*envs.install_args(cell.package, cell.lightning, cell.torch))
+    cells.install(session, cell, out)
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
                    opts.timeout, log=session.log)
     if cell == [c for c in MATRIX.cells if not c.skip_reason(opts.include_unsupported)][-1]:
@@ -51,12 +52,11 @@ def summary(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
-    session.install(f"torch=={TEST_TORCH}", "pytorch-lightning", "pytest", "pytest-timeout",
-                    "gitpython", "packaging")
+    session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tools import harness, results
+from tools import envs, harness, index, results
 from tools.matrix import ROOT, Cell, Matrix
 
 _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
@@ -38,6 +38,20 @@ def progress(cell: Cell, matrix: Matrix, include_unsupported: bool) -> str:
 
 def _cell_json(cell: Cell) -> dict:
     return {**asdict(cell), "id": cell.id}
+
+
+def install(session, cell: Cell, out: Path) -> None:
+    """Install the cell's era-correct environment, or record why it could not be made and stop."""
+    try:
+        args = envs.install_args(cell.package, cell.lightning, cell.torch)
+    except (index.UnknownRelease, envs.EnvError) as err:
+        record_skip(cell, f"environment: {err}", out)
+        session.error(str(err))
+    try:
+        session.install(*args)
+    except Exception:
+        record_skip(cell, "environment: uv could not install it (see the session log)", out)
+        raise
 
 
 def record_skip(cell: Cell, reason: str, out: Path) -> None:

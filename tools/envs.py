@@ -9,10 +9,12 @@ Where torch comes from is uv's business: ``UV_INDEX``, ``UV_FIND_LINKS``, ... in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -22,23 +24,50 @@ from tools import index
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "closure"
 
 
-def torch_closure(torch_version: str, cutoff: str) -> list[str]:
-    """Names of torch's dependency closure (torch included), resolved by uv as of ``cutoff``."""
-    path = CACHE / f"torch-{torch_version}-{cutoff}-py{sys.version_info[0]}{sys.version_info[1]}.json"
-    if path.exists():
-        return json.loads(path.read_text())
+class EnvError(RuntimeError):
+    """A cell's environment cannot be made (one line, for the user)."""
+
+
+SLACK_DAYS = (0, 7, 30, 90, 365)  # torch's pinned dependencies sometimes came out days later
+
+
+def _compile_torch(torch_version: str, cutoff: str) -> subprocess.CompletedProcess:
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
     cmd = ["uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate",
-           "--exclude-newer", cutoff, "--python-version", f"{sys.version_info[0]}.{sys.version_info[1]}"]
-    proc = subprocess.run(cmd, input=f"torch=={torch_version}\n", capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"uv could not resolve torch=={torch_version}: {proc.stderr.strip()}")
+           "--exclude-newer", cutoff, "--python-version", py]
+    return subprocess.run(cmd, input=f"torch=={torch_version}\n", capture_output=True, text=True)
+
+
+def torch_closure(torch_version: str, earliest: datetime) -> tuple[list[str], str]:
+    """Names of torch's dependency closure (torch included) and the cutoff that resolves it.
+
+    The cutoff is the first of ``earliest`` + 1 day, + 1 week, ... at which uv can install
+    ``torch==T`` with everything it pins (triton 2.0.0 was uploaded 5 days after torch 2.0.0).
+    """
+    # where torch comes from changes its closure (a CPU wheel pins no nvidia-* packages)
+    source = hashlib.sha256(repr(sorted((k, v) for k, v in os.environ.items()
+                                       if k.startswith("UV_") and "INDEX" in k or k == "UV_FIND_LINKS")
+                                 ).encode()).hexdigest()[:8]
+    key = f"torch-{torch_version}-{earliest.date()}-py{sys.version_info[0]}{sys.version_info[1]}-{source}"
+    path = CACHE / f"{key}.json"
+    if path.exists():
+        cached = json.loads(path.read_text())
+        return cached["names"], cached["cutoff"]
+    for slack in SLACK_DAYS:
+        cutoff = index.day_after(earliest + timedelta(days=slack))
+        proc = _compile_torch(torch_version, cutoff)
+        if proc.returncode == 0:
+            break
+    else:
+        last = (proc.stderr.strip().splitlines() or [""])[-1]
+        raise EnvError(f"uv could not resolve torch=={torch_version}: {last}")
     names = sorted({Requirement(line.split(";")[0].strip()).name
                     for line in proc.stdout.splitlines() if line.strip() and not line.startswith("#")})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(names))
+    tmp.write_text(json.dumps({"names": names, "cutoff": cutoff}))
     os.replace(tmp, path)
-    return names
+    return names, cutoff
 
 
 def install_args(package: str, version: str, torch_version: str) -> list[str]:
@@ -46,7 +75,6 @@ def install_args(package: str, version: str, torch_version: str) -> list[str]:
     lightning = index.release(package, version)
     torch = index.release("torch", torch_version)
     era = index.day_after(lightning.uploaded)
-    torch_era = index.day_after(max(lightning.uploaded, torch.uploaded))
-    exempt = torch_closure(torch_version, torch_era)
+    exempt, torch_era = torch_closure(torch_version, max(lightning.uploaded, torch.uploaded))
     return [f"torch=={torch_version}", f"{package}=={version}", f"--exclude-newer={era}",
             *(f"--exclude-newer-package={name}={torch_era}" for name in exempt)]

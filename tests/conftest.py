@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def pytest_collection_modifyitems(config, items):
+    # Integration tests run real two-rank jobs: keep them last and one at a time.
+    items.sort(key=lambda item: item.get_closest_marker("ddp") is not None)
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _quiet_env(monkeypatch):
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    # results of tests never land in the user's results folder
+    monkeypatch.setenv("REPRO_RESULTS", os.environ.get("PYTEST_RESULTS", "/nonexistent-unused"))

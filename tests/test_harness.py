@@ -1,0 +1,71 @@
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from tools import harness
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "dead_peer.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def script(tmp_path, body: str) -> list[str]:
+    path = tmp_path / "s.py"
+    path.write_text(body)
+    return [sys.executable, str(path)]
+
+
+def test_verdict_line_and_logs_are_kept(tmp_path):
+    cmd = script(tmp_path, "import json,sys\nprint('hello')\n"
+                           "print(json.dumps({'verdict':'bad','exit_code':1,'signature':'s'}))\n"
+                           "sys.exit(1)\n")
+    r = harness.run(cmd, timeout=30, log_stem=tmp_path / "logs" / "run")
+    assert (r.code, r.verdict, r.reason) == (1, "bad", "s")
+    assert open(r.stdout_path).read().startswith("hello\n")
+
+
+def test_timeout_kills_the_whole_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    cmd = script(tmp_path, "import subprocess,sys,time\n"
+                           "p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(600)'])\n"
+                           f"open({str(pidfile)!r},'w').write(str(p.pid))\ntime.sleep(600)\n")
+    start = time.monotonic()
+    r = harness.run(cmd, timeout=3)
+    assert time.monotonic() - start < 15
+    assert (r.code, r.verdict) == (125, "skip") and "timed out" in r.reason
+    assert r.leftovers == [] and not alive(int(pidfile.read_text()))
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(120)
+def test_rank_blocked_in_a_collective_after_rank0_dies_is_ended(tmp_path):
+    pids = tmp_path / "pid"
+    start = time.monotonic()
+    r = harness.run([sys.executable, FIXTURE, "leader-dies", str(pids)], timeout=90,
+                    log_stem=tmp_path / "run")
+    assert time.monotonic() - start < 60  # ended when the leader died, not at the limit
+    assert r.returncode == 1 and (r.code, r.verdict) == (125, "skip")
+    assert "AssertionError: rank died" in r.reason
+    rank1 = int((tmp_path / "pid.1").read_text())
+    assert r.leftovers == [] and not alive(rank1)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(120)
+def test_leader_blocked_after_its_peer_died_is_ended(tmp_path):
+    pids = tmp_path / "pid"
+    r = harness.run([sys.executable, FIXTURE, "peer-dies", str(pids)], timeout=90,
+                    peer_grace=3)
+    assert (r.code, r.reason) == (125, "a rank died and its peer did not exit; process group killed")
+    assert r.seconds < 60
+    assert not alive(int((tmp_path / "pid.0").read_text()))
+    assert json.dumps(r.to_dict())  # serialisable for the results files

@@ -1,0 +1,52 @@
+import json
+import os
+
+import pytest
+
+from tools import results
+
+
+def test_write_atomic_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "a.json"
+    results.write_json(path, {"a": 1})
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        results.write_json(path, {"a": Boom()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert os.listdir(tmp_path) == ["a.json"]  # no temporary file left behind
+
+
+def test_run_dir_points_latest_at_the_run(tmp_path):
+    run = results.run_dir("repro", base=tmp_path)
+    assert (tmp_path / "repro" / "latest").resolve() == run.resolve()
+    assert results.run_dir("repro", base=tmp_path) == run  # one folder per process
+
+
+def cell(index, verdicts=None, skipped=None):
+    c = {"cell": {"id": f"c{index}", "index": index, "package": "pytorch-lightning",
+                  "lightning": "2.4.0", "torch": "2.4.1", "declared": ">=2.1.0,<2.5.0"}}
+    if skipped:
+        c["skipped"] = skipped
+    else:
+        c["seconds"] = 12.3
+        c["results"] = verdicts
+    return c
+
+
+def test_summary_table_rows_are_cells_and_columns_repros(tmp_path):
+    bad = {"verdict": "bad", "reason": None, "record": {"details": {
+        "first_diverging_epoch": 3, "diverging_params": ["backbone.bias", "backbone.weight"]}}}
+    skip = {"verdict": "skip", "reason": "import failed: No module named 'pkg_resources'"}
+    for c in (cell(1, {"20340": bad, "ctl": {"verdict": "good"}}), cell(0, {"20340": skip}),
+              cell(2, skipped="outside range")):
+        results.write_json(tmp_path / "cells" / f"{c['cell']['id']}.json", c)
+    table = results.summary_markdown(results.load_cells(tmp_path), ["20340", "ctl"])
+    rows = table.splitlines()
+    assert rows[0].split("|")[4:6] == [" 20340 ", " ctl "]
+    assert rows[2].startswith("| c0 ") and "skip: import failed" in rows[2]
+    assert "bad: epoch 3 backbone.bias, backbone.weight" in rows[3] and "| good |" in rows[3]
+    assert "not run: outside range" in rows[4]
