@@ -1,7 +1,7 @@
 """Release facts from the package index: versions, upload dates, yanked flags, Requires-Python.
 
 Uses the standard simple-repository JSON API (PEP 691 + PEP 700 upload times) of the index uv
-uses: ``UV_DEFAULT_INDEX`` or ``UV_INDEX_URL`` when set, else pip's default index.
+resolves against (``UV_DEFAULT_INDEX`` / ``UV_INDEX_URL`` choose another one).
 Answers are cached for a day under ``.cache/index/``.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -42,12 +43,13 @@ class Release:
 
 
 def index_url() -> str:
-    url = os.environ.get("UV_DEFAULT_INDEX") or os.environ.get("UV_INDEX_URL")
-    if not url:
-        from pip._internal.models.index import PyPI  # the default index, as pip knows it
-
-        url = PyPI.simple_url
-    return url.rstrip("/")
+    """The default index uv resolves against (it honours ``UV_DEFAULT_INDEX`` / ``UV_INDEX_URL``)."""
+    proc = subprocess.run(["uv", "pip", "compile", "-", "--emit-index-url", "--no-header",
+                           "--quiet", "--offline"], input="", capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("--index-url "):
+            return line.split(None, 1)[1].rstrip("/")
+    raise RuntimeError(f"could not ask uv for its index: {proc.stderr.strip()}")
 
 
 def _project_json(name: str) -> dict:
