@@ -34,9 +34,9 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
     session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
     cells.install(session, cell, out)
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
-                   opts.timeout, log=session.log)
+                   opts.timeout, log=session.log, script=opts.script, signature=opts.signature)
     if cell == [c for c in MATRIX.cells if not c.skip_reason(opts.include_unsupported)][-1]:
-        print(cells.write_summary(out, MATRIX))
+        print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")
 
 

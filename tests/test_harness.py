@@ -69,3 +69,18 @@ def test_leader_blocked_after_its_peer_died_is_ended(tmp_path):
     assert r.seconds < 60
     assert not alive(int((tmp_path / "pid.0").read_text()))
     assert json.dumps(r.to_dict())  # serialisable for the results files
+
+
+USER_SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "user_hash_check.py")
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("extra, code", [([], 1), (["--no-callback"], 0)])
+def test_a_users_own_script_is_judged_by_its_signature(tmp_path, extra, code):
+    from tools import run
+
+    out = tmp_path / "out"
+    rc = run.main(["--timeout", "240", "--signature", "AssertionError: replicas differ",
+                   "--log", str(out), "--", sys.executable, USER_SCRIPT, *extra])
+    assert rc == code, open(f"{out}.stderr").read()[-3000:]

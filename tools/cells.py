@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tools import envs, harness, index, results
-from tools.matrix import ROOT, Cell, Matrix
+from tools.matrix import ROOT, Cell, Matrix, Repro
 
 _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
 _START = time.monotonic()
@@ -20,6 +20,8 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--include-unsupported", action="store_true",
                    help="also run cells outside a release's declared torch range")
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per repro run")
+    p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
+    p.add_argument("--signature", help="regex the --script output must show to count as bad")
     return p.parse_known_args(posargs)
 
 
@@ -58,13 +60,20 @@ def record_skip(cell: Cell, reason: str, out: Path) -> None:
     results.write_json(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
 
 
+def repros_of(matrix: Matrix, script: str | None) -> list[Repro]:
+    extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()))] if script else []
+    return [*matrix.repros, *extra]
+
+
 def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
-             timeout: float, log=print) -> dict:
+             timeout: float, log=print, script: str | None = None, signature: str | None = None) -> dict:
     started = time.monotonic()
     outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args}
-    for repro in matrix.repros:
-        cmd = [python, str(ROOT / repro.script), *repro.args, *repro_args]
-        res = harness.run(cmd, timeout=timeout, log_stem=out / "logs" / cell.id / repro.name)
+    for repro in repros_of(matrix, script):
+        own = not repro.name.startswith("script:")
+        cmd = [python, str(ROOT / repro.script), *repro.args, *(repro_args if own else [])]
+        res = harness.run(cmd, timeout=timeout, log_stem=out / "logs" / cell.id / repro.name,
+                          require_record=own, signature=None if own else signature)
         outcome["results"][repro.name] = res.to_dict()
         versions = (res.record or {}).get("versions") or {}
         outcome.setdefault("torch_installed", versions.get("torch"))
@@ -74,13 +83,13 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
     outcome["seconds"] = round(time.monotonic() - started, 1)
     _DONE.append(outcome["seconds"])
     results.write_json(out / "cells" / f"{cell.id}.json", outcome)
-    write_summary(out, matrix)
+    write_summary(out, matrix, script)
     return outcome
 
 
-def write_summary(out: Path, matrix: Matrix) -> str:
+def write_summary(out: Path, matrix: Matrix, script: str | None = None) -> str:
     cells = results.load_cells(out)
-    table = results.summary_markdown(cells, [r.name for r in matrix.repros])
+    table = results.summary_markdown(cells, [r.name for r in repros_of(matrix, script)])
     results.write_atomic(out / "summary.md", table)
     results.write_json(out / "summary.json", cells)
     return table
