@@ -192,6 +192,7 @@ def judge(args, epochs: list[dict]):
     if first["epoch"] < args.unfreeze_epoch:
         details["reason"] = "replicas diverged before the unfreeze epoch: a different bug"
         return SKIP, None, details
+    details["summary"] = f"epoch {first['epoch']} {', '.join(sorted(first['diffs']))}"
     signature = (f"replicas out of sync from epoch {first['epoch']} (unfreeze epoch "
                  f"{args.unfreeze_epoch}): {', '.join(sorted(first['diffs']))}; "
                  f"max |diff| {details['max_abs_diff']:.3g}")

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -474,7 +475,7 @@ def control_outputs_kept_one_fit(ctx):
 
 class Ctx:
     def __init__(self, args):
-        self.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+        self.rank = int(os.environ["RANK"])
         self.import_name = args.import_name
         self.collective_timeout = args.collective_timeout
         self.tmp = args.out
@@ -483,12 +484,9 @@ class Ctx:
 
 
 def worker(args) -> None:
+    if "RANK" not in os.environ:  # started by hand or by the orchestrator: start the peer
+        _start_peer()
     ctx = Ctx(args)
-    kind = CATALOGUE[args.worker].kind
-    if kind in ("torch",) or args.worker.startswith("torch_"):
-        if ctx.rank == 0 and "RANK" not in os.environ:
-            _start_torch_peer(args)
-            ctx.rank = 0
     text = ""
     try:
         RUNNERS[args.worker](ctx)
@@ -509,14 +507,19 @@ def worker(args) -> None:
     os._exit(0 if not text else 1)
 
 
-def _start_torch_peer(args):
+def _start_peer():
+    """Start rank 1 before importing anything heavy, so both ranks import torch in parallel.
+
+    The variables are those of an external launcher: Lightning then starts no process itself.
+    """
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK="0")
-    subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1"})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      NODE_RANK="0", RANK="0", LOCAL_RANK="0")
+    subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1", "LOCAL_RANK": "1"})
 
 
 def _teardown_pg():
@@ -596,6 +599,19 @@ def summary_markdown(runs: list[dict], selected: list[Scenario]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _summary_line(runs, selected, unmet) -> str:
+    hits = [r for r in runs if "signature" in r["outcomes"]]
+    controls = [sc.name for sc in selected if sc.kind == "control"]
+    dirty = [name for name in unmet if name in controls]
+    line = f"signature in {len(hits)}/{len(runs)} runs"
+    if controls:
+        line += "; controls clean" if not dirty else f"; controls NOT clean: {', '.join(dirty)}"
+    missing = [n for n in unmet if n not in controls]
+    if missing:
+        line += f"; expected crash missing: {', '.join(missing)}"
+    return line
+
+
 def select(args) -> list[Scenario]:
     if args.scenario:
         return [CATALOGUE[args.scenario]]
@@ -606,6 +622,8 @@ def select(args) -> list[Scenario]:
 
 
 def orchestrate(args) -> None:
+    # a SIGTERM from an outer harness unwinds through harness.run, which kills the current run
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     selected = select(args)
     if not selected:
         raise UsageError(f"no scenario matches --filter {args.filter!r}")
@@ -638,6 +656,7 @@ def orchestrate(args) -> None:
     details = {"runs": len(runs), "signature_runs": len(signature_runs),
                "scenarios_with_signature": sorted({r["scenario"] for r in signature_runs}),
                "unmet_expectations": unmet, "results": str(out),
+               "summary": _summary_line(runs, selected, unmet),
                "wall_seconds": round(time.monotonic() - start, 1)}
     if not could_run:
         details["reason"] = "no scenario could run (every run failed for other reasons)"
@@ -673,7 +692,7 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="a representative subset")
     p.add_argument("--scenario", help="run only this scenario")
     p.add_argument("--filter", help="regex on scenario names")
-    p.add_argument("--repeat", type=int, default=3, help="runs of each GC-timing scenario")
+    p.add_argument("--repeat", type=int, help="runs of each GC-timing scenario (3; --quick: 1)")
     p.add_argument("--budget", type=float, help="stop starting new runs after this many seconds")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 also when a control is not clean or an expected crash is missing")
@@ -688,6 +707,8 @@ def parse_args(argv):
     for name in filter(None, [args.scenario, args.worker]):
         if name not in CATALOGUE:
             p.error(f"unknown scenario {name!r} (see --list)")
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
     return args

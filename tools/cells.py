@@ -61,7 +61,8 @@ def record_skip(cell: Cell, reason: str, out: Path) -> None:
 
 
 def repros_of(matrix: Matrix, script: str | None) -> list[Repro]:
-    extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()))] if script else []
+    extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()), passthrough=True)
+             ] if script else []
     return [*matrix.repros, *extra]
 
 
@@ -69,10 +70,12 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
              timeout: float, log=print, script: str | None = None, signature: str | None = None) -> dict:
     started = time.monotonic()
     outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args}
+    logs = out / "logs" / cell.id
     for repro in repros_of(matrix, script):
         own = not repro.name.startswith("script:")
-        cmd = [python, str(ROOT / repro.script), *repro.args, *(repro_args if own else [])]
-        res = harness.run(cmd, timeout=timeout, log_stem=out / "logs" / cell.id / repro.name,
+        args = [a.replace("{out}", str(logs)) for a in repro.args]
+        cmd = [python, str(ROOT / repro.script), *args, *(repro_args if repro.passthrough else [])]
+        res = harness.run(cmd, timeout=timeout, log_stem=logs / repro.name,
                           require_record=own, signature=None if own else signature)
         outcome["results"][repro.name] = res.to_dict()
         versions = (res.record or {}).get("versions") or {}

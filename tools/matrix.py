@@ -25,6 +25,7 @@ class Repro:
     script: str
     args: tuple[str, ...] = ()
     expect: str | None = None
+    passthrough: bool = False  # takes the options given after `nox -s repro --`
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ def load(path: Path = DEFAULT) -> Matrix:
             raise ValueError(f"{path}: unknown package {pkg!r} (one of {', '.join(PREFIX)})")
     cells = tuple(Cell(pkg, ver, t, ranges.get(ver), includes.get((pkg, ver, t)), i)
                   for i, (pkg, ver, t) in enumerate(keys))
-    repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"))
+    repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"),
+                         bool(r.get("passthrough")))
                    for r in data.get("repro", []))
     return Matrix(cells, repros)

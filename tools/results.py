@@ -60,7 +60,9 @@ def cell_text(result: dict | None) -> str:
         return ""
     details = (result.get("record") or {}).get("details") or {}
     text = result["verdict"]
-    if result["verdict"] == "bad":
+    if details.get("summary") and result["verdict"] in ("bad", "good"):
+        text += f": {details['summary']}"
+    elif result["verdict"] == "bad":
         params = ", ".join(details.get("diverging_params", []))
         if "first_diverging_epoch" in details:
             text += f": epoch {details['first_diverging_epoch']} {params}"

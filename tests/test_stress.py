@@ -1,0 +1,118 @@
+"""The ddp_weakref stress test (#20706): outcome classification, and real two-rank runs."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import harness
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "repro" / "ddp_weakref_stress.py"
+TRACEBACKS = Path(__file__).parent / "fixtures" / "tracebacks"
+
+
+@pytest.fixture(scope="module")
+def stress():
+    spec = importlib.util.spec_from_file_location("ddp_weakref_stress", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fixture, outcome", [
+    ("signature.txt", "signature"),
+    ("gloo_peer_closed.txt", "peer_failure"),
+    ("marked_ready_twice.txt", "other_error"),
+])
+def test_recorded_tracebacks_are_classified(stress, fixture, outcome):
+    assert stress.classify((TRACEBACKS / fixture).read_text()) == outcome
+
+
+@pytest.mark.parametrize("text, outcome", [
+    ("", "ok"),
+    ("RuntimeError: DistributedDataParallel: the DDP module that produced this output no longer "
+     "exists (it was freed), so its gradients cannot be reduced.", "clear_error"),
+    ("RuntimeError: The loss graph contains output of another DistributedDataParallel wrapper",
+     "clear_error"),
+    ("RuntimeError: Trying to backward through the graph a second time", "other_error"),
+    ("torch.distributed.DistBackendError: Watchdog caught collective operation timeout", "peer_failure"),
+    ("ValueError: unrelated", "other_error"),
+])
+def test_classifier_on_messages(stress, text, outcome):
+    assert stress.classify(text) == outcome
+
+
+def run(outcomes, steps=(1, 1), name="s"):
+    return {"scenario": name, "outcomes": list(outcomes), "steps": list(steps), "seconds": 2.0}
+
+
+def test_expectations(stress):
+    both = run(["signature", "signature"])
+    one = run(["signature", "peer_failure"])
+    clean = run(["ok", "ok"])
+    assert stress.meets("signature", [both]) and not stress.meets("signature", [both, one])
+    assert stress.meets("signature-sometimes", [clean, one])
+    assert not stress.meets("signature-sometimes", [clean, clean])
+    assert stress.meets("no-signature", [run(["other_error", "other_error"])])
+    assert not stress.meets("no-signature", [one])
+    assert stress.meets("ok", [clean]) and not stress.meets("ok", [run(["ok", "other_error"])])
+
+
+def test_summary_counts_outcomes_and_steps(stress):
+    sc = stress.CATALOGUE["gc_random_collections"]
+    table = stress.summary_markdown([run(["signature", "peer_failure"], (12, 12), sc.name),
+                                     run(["peer_failure", "signature"], (15, 15), sc.name)], [sc])
+    row = table.splitlines()[2]
+    assert "peer_failure / signature x1; signature / peer_failure x1" in row
+    assert "| 12, 15 |" in row and row.endswith("| yes |")
+
+
+def test_catalogue_has_what_the_issue_asks(stress):
+    kinds = {sc.kind for sc in stress.CATALOGUE.values()}
+    assert {"torch", "lightning", "gc", "control"} <= kinds
+    assert sum(sc.quick for sc in stress.CATALOGUE.values()) < len(stress.CATALOGUE)
+
+
+def judge(tmp_path, *args):
+    out = tmp_path / "out"
+    r = harness.run([sys.executable, str(SCRIPT), "--out", str(out), *args], timeout=280,
+                    log_stem=tmp_path / "run")
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()] \
+        if (out / "runs.jsonl").exists() else []
+    return r, runs, out
+
+
+def test_unknown_scenario_is_a_one_line_error(tmp_path):
+    r, _, _ = judge(tmp_path, "--scenario", "nope")
+    assert r.code == 128
+    assert open(r.stderr_path).read().strip() == "error: unknown scenario 'nope' (see --list)"
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_plain_torch_rewrap_gives_the_signature_on_both_ranks(tmp_path):
+    r, runs, _ = judge(tmp_path, "--scenario", "torch_rewrap_cached_output")
+    assert (r.code, r.verdict) == (1, "bad"), r.reason
+    assert runs[0]["outcomes"] == ["signature", "signature"]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_lightning_second_fit_gives_the_signature_with_lightning_frames(tmp_path):
+    r, runs, out = judge(tmp_path, "--scenario", "pl_second_fit_extra_outputs")
+    assert r.code == 1, r.reason
+    assert runs[0]["outcomes"] == ["signature", "signature"]
+    tb = json.loads((out / "pl_second_fit_extra_outputs-0" / "rank0.json").read_text())["traceback"]
+    assert "lightning" in tb and "in backward" in tb and "ddp_weakref.reducer" in tb
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_control_without_carrier_is_clean(tmp_path):
+    r, runs, _ = judge(tmp_path, "--scenario", "control_second_fit_no_carrier", "--strict")
+    assert (r.code, r.verdict) == (0, "good"), r.reason
+    assert runs[0]["outcomes"] == ["ok", "ok"]
