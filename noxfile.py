@@ -50,6 +50,13 @@ def summary(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bisect(session: nox.Session) -> None:
+    """Bisect releases, then Lightning commits: `nox -s bisect -- --help`."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    session.run("python", "-m", "tools.bisect_cli", *session.posargs, success_codes=[0, 3, 4])
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
     session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))

@@ -259,7 +259,8 @@ def _lightning(ctx, *, carrier=None, manual=False, accumulate=1, validate=False,
     class KeepInCycle(pl.Callback):
         def on_fit_start(self, trainer, pl_module):
             wrapper = trainer.strategy.model
-            wrapper.self_reference = wrapper  # freed only by a full cyclic collection
+            # a plain list, not a submodule: freed only by a full cyclic collection
+            wrapper.keep_alive = [wrapper]
 
     gen = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=gen))

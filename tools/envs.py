@@ -72,9 +72,47 @@ def torch_closure(torch_version: str, earliest: datetime) -> tuple[list[str], st
 
 def install_args(package: str, version: str, torch_version: str) -> list[str]:
     """Arguments for ``uv pip install`` (nox's ``session.install``) of one era-correct cell."""
-    lightning = index.release(package, version)
+    return era_args([f"{package}=={version}"], torch_version, index.release(package, version).uploaded)
+
+
+ENVS = Path(__file__).resolve().parent.parent / ".cache" / "envs"
+
+
+def ensure(name: str, args: list[str], python: str = "3.11") -> Path:
+    """A cached venv under ``.cache/envs/<name>`` with ``uv pip install <args>``; its python.
+
+    Made once per name and argument list: a marker file holding their hash is written last, so
+    a creation that was interrupted is simply made again.
+    """
+    digest = hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]
+    folder = ENVS / name
+    marker = folder / ".made-with"
+    if marker.exists() and marker.read_text() == digest:
+        return folder / "bin" / "python"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    steps = [["uv", "venv", "--quiet", "--clear", "--python", python, str(folder)],
+             ["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args]]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            raise EnvError(f"cannot make environment {name}: {last}")
+    marker.write_text(digest)
+    return folder / "bin" / "python"
+
+
+def era_args(requirements: list[str], torch_version: str, moment: datetime) -> list[str]:
+    """``uv pip install`` arguments for requirements as of ``moment`` with ``torch==T`` exempt."""
     torch = index.release("torch", torch_version)
-    era = index.day_after(lightning.uploaded)
-    exempt, torch_era = torch_closure(torch_version, max(lightning.uploaded, torch.uploaded))
-    return [f"torch=={torch_version}", f"{package}=={version}", f"--exclude-newer={era}",
+    exempt, torch_era = torch_closure(torch_version, max(moment, torch.uploaded))
+    return [f"torch=={torch_version}", *requirements, f"--exclude-newer={index.day_after(moment)}",
             *(f"--exclude-newer-package={name}={torch_era}" for name in exempt)]
+
+
+def era_torch(moment: datetime, python: str = "3.11") -> str:
+    """The newest torch release installable on ``python`` that was out at ``moment``."""
+    out = [r for r in index.releases("torch").values()
+           if r.uploaded <= moment and r.installable_on(python)]
+    if not out:
+        raise EnvError(f"no torch release for Python {python} before {moment.date()}")
+    return str(max(out, key=lambda r: r.version).version)

@@ -40,6 +40,18 @@ class Release:
     uploaded: datetime  # first file's upload time
     yanked: bool  # every file yanked
     requires_python: str | None
+    tags: frozenset = frozenset()  # interpreter tags of its wheels ("cp311", "py3", ...)
+
+    def installable_on(self, python: str) -> bool:
+        """Not yanked, Requires-Python admits ``python`` (e.g. "3.11"), and a wheel or sdist for it."""
+        from packaging.specifiers import SpecifierSet
+
+        if self.yanked or self.version.is_prerelease:
+            return False
+        if self.requires_python and python not in SpecifierSet(self.requires_python):
+            return False
+        cp = "cp" + python.replace(".", "")
+        return not self.tags or bool({cp, "py3", "sdist"} & self.tags)
 
 
 def index_url() -> str:
@@ -82,6 +94,12 @@ def _file_version(filename: str) -> Version | None:
         return None
 
 
+def _tags(filename: str) -> str:
+    if not filename.endswith(".whl"):
+        return "sdist"
+    return filename[:-4].split("-")[-3].split(".")[0]
+
+
 def releases(name: str) -> dict[Version, Release]:
     """Every release of ``name`` that has files with an upload time, oldest first."""
     found: dict[Version, list[dict]] = {}
@@ -99,6 +117,7 @@ def releases(name: str) -> dict[Version, Release]:
             yanked=all(bool(f.get("yanked")) for f in files),
             requires_python=next((f["requires-python"] for f in files if f.get("requires-python")),
                                  None),
+            tags=frozenset(_tags(f["filename"]) for f in files),
         )
     return out
 

@@ -1,0 +1,196 @@
+"""The bisect engine on fake predicates, and both tiers on small synthetic repositories."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from tools import bisect, bisect_cli, envs
+
+FIXTURE = Path(__file__).parent / "fixtures" / "marker_repro.py"
+
+
+def engine(codes, tmp_path=None, trials=1):
+    calls = []
+
+    def test(c):
+        calls.append(c)
+        code = codes[c]
+        return (code(len(calls)) if callable(code) else code), None
+
+    state = bisect.State(tmp_path / "state.json" if tmp_path else None)
+    b = bisect.Bisector(list(codes), test, lambda c: f"k|{c}", state, trials, log=lambda m: None)
+    return b, calls
+
+
+def test_finds_the_first_bad_within_log2_steps():
+    n = 100
+    codes = {f"c{i:03}": (1 if i >= 63 else 0) for i in range(n)}
+    b, calls = engine(codes)
+    out = b.run(0, n - 1)
+    assert (out.status, out.first_bad, out.last_good) == ("found", "c063", "c062")
+    assert len(calls) <= math.ceil(math.log2(n)) + 2
+
+
+def test_skips_are_stepped_around_and_reported_when_they_hide_the_answer():
+    codes = {f"c{i}": (125 if i in (4, 5) else 1 if i >= 5 else 0) for i in range(10)}
+    out = engine(codes)[0].run(0, 9)
+    assert out.status == "ambiguous" and out.skipped_between == ["c4", "c5"] and out.first_bad == "c6"
+    codes = {f"c{i}": (125 if i == 3 else 1 if i >= 6 else 0) for i in range(10)}
+    out = engine(codes)[0].run(0, 9)
+    assert (out.status, out.first_bad) == ("found", "c6")
+
+
+def test_no_good_release_is_said_honestly():
+    codes = {f"r{i}": 1 for i in range(20)}
+    b, calls = engine(codes)
+    out = b.run(None, 19)
+    assert out.status == "no-good" and out.last_good is None
+    assert calls == ["r19", "r18", "r17", "r15", "r11", "r3", "r0"]  # doubling distance
+
+
+def test_search_back_finds_a_good_start():
+    codes = {f"r{i}": (1 if i >= 12 else 0) for i in range(20)}
+    out = engine(codes)[0].run(None, 19)
+    assert (out.status, out.first_bad) == ("found", "r12")
+
+
+def test_ends_are_verified():
+    codes = {"a": 1, "b": 1, "c": 1}
+    with pytest.raises(ValueError, match="good end a is not good"):
+        engine(codes)[0].run(0, 2)
+    with pytest.raises(ValueError, match="bad end c does not show the bug"):
+        engine({"a": 0, "b": 0, "c": 0})[0].run(0, 2)
+
+
+def test_harness_failure_stops_the_bisect():
+    with pytest.raises(bisect.HarnessFailure):
+        engine({"a": 0, "b": 128, "c": 1})[0].run(0, 2)
+
+
+def test_flaky_bad_needs_trials():
+    # c5.. are bad but show it only every third run; with one trial the bisect goes wrong
+    flaky = lambda n: 1 if n % 3 == 0 else 0  # noqa: E731
+    codes = {f"c{i}": (flaky if i >= 5 else 0) for i in range(10)}
+    codes["c9"] = 1
+    assert engine(codes)[0].run(0, 9).first_bad != "c5"
+    assert bisect.trials_for(1 / 3) == 12
+    out = engine(codes, trials=bisect.trials_for(1 / 3))[0].run(0, 9)
+    assert out.first_bad == "c5"
+
+
+def test_resume_repeats_no_step_and_interrupt_records_nothing(tmp_path):
+    truth = {f"c{i}": (1 if i >= 7 else 0) for i in range(16)}
+    calls = []
+
+    def interrupted_at_third(c):
+        calls.append(c)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return truth[c], None
+
+    state = bisect.State(tmp_path / "state.json")
+    b = bisect.Bisector(list(truth), interrupted_at_third, lambda c: c, state, log=lambda m: None)
+    with pytest.raises(KeyboardInterrupt):
+        b.run(0, 15)
+    recorded = set(json.loads((tmp_path / "state.json").read_text()))
+    assert recorded == set(calls[:2])  # the interrupted step left no verdict
+    b, after = engine(truth, tmp_path)
+    b.key = lambda c: c
+    assert b.run(0, 15).first_bad == "c7"
+    assert not set(after) & recorded and calls[2] in after
+    b, again = engine(truth, tmp_path)
+    b.key = lambda c: c
+    assert b.run(0, 15).first_bad == "c7" and again == []
+
+
+# -- commit tier on a synthetic repository ------------------------------------------------------
+
+def make_repo(path: Path) -> tuple[git.Repo, list[str]]:
+    """A tiny 'lightning' with 12 merged PRs: #103 breaks the import, #107 brings the bug."""
+    repo = git.Repo.init(path, initial_branch="master")
+    with repo.config_writer() as cw:
+        cw.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
+    pkg = path / "src" / "lightning" / "pytorch"
+    pkg.mkdir(parents=True)
+    (path / "requirements" / "pytorch").mkdir(parents=True)
+    (path / "requirements" / "pytorch" / "base.txt").write_text("torch >=2.1\n")
+    (path / "docs").mkdir()
+    shas = []
+    for i in range(12):
+        bug = i >= 7
+        body = "syntax error(" if i == 3 else f"BUG = {bug}\nclass Trainer: pass\n"
+        (pkg / "__init__.py").write_text(body)
+        (path / "src" / "lightning" / "__init__.py").write_text("")
+        (path / "docs" / "big.txt").write_text(f"docs {i}\n")
+        repo.index.add([str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()
+                        and ".git" not in p.parts])
+        shas.append(repo.index.commit(f"change {i} (#{100 + i})").hexsha)
+        if i == 0:
+            repo.create_tag("1.0.0")
+    return repo, shas
+
+
+@pytest.fixture
+def no_envs(monkeypatch):
+    monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11": Path(sys.executable))
+    monkeypatch.setattr(envs, "era_args", lambda reqs, torch, moment: list(reqs))
+
+
+def cli(tmp_path, repo_path, *extra):
+    return bisect_cli.main(["--tier", "commits", "--repo", str(repo_path), "--torch", "2.13.0",
+                            "--repro", str(FIXTURE), "--state", str(tmp_path / "state.json"),
+                            "--out", str(tmp_path / "out"), *extra])
+
+
+def test_commit_bisect_finds_the_pr_and_skips_the_broken_commit(tmp_path, no_envs, monkeypatch):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = make_repo(tmp_path / "lightning")
+    before = repo.git.status("--porcelain")
+    assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["commits"]["outcome"]["first_bad"] == shas[7]
+    steps = data["commits"]["outcome"]["steps"]
+    assert all(s["candidate"] != shas[3] or s["verdict"] == "skip" for s in steps)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "change 7 (#107)" in text and "/pull/107" in text and "<details>" in text
+    assert repo.git.status("--porcelain") == before  # the user's checkout is untouched
+    worktree = next((tmp_path / "cache" / "worktrees").iterdir())
+    assert not (worktree / "docs").exists()  # sparse: code folders only
+    # a second run is answered from the state file
+    assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master") == 0
+    again = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]["outcome"]
+    assert all(s["cached"] for s in again["steps"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--good", "nope", "--bad", "master"], "unknown git ref 'nope'"),
+    (["--good", "1.0.0", "--bad", "master", "--trials", "0"], "--trials takes a number"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, no_envs, monkeypatch, capsys, args, message):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, _ = make_repo(tmp_path / "lightning")
+    assert cli(tmp_path, repo.working_dir, *args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_missing_repo_and_repro_are_bad_input(tmp_path, no_envs, capsys):
+    assert cli(tmp_path, tmp_path / "nowhere", "--good", "a", "--bad", "b") == 2
+    assert "no repository at" in capsys.readouterr().err
+    assert bisect_cli.main(["--repro", "nope.py"]) == 2
+    assert "repro not found" in capsys.readouterr().err
+
+
+def test_release_bisect_never_worked(tmp_path, monkeypatch):
+    names = [f"1.{i}.0" for i in range(10)]
+    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_cli, "release_predicate", lambda args, out: lambda c: (1, "sig"))
+    code = bisect_cli.main(["--tier", "releases", "--state", str(tmp_path / "s.json"),
+                            "--out", str(tmp_path / "out")])
+    assert code == 3
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Bad in every pytorch-lightning release tested" in text

@@ -1,0 +1,135 @@
+"""Lightning's git history for commit bisects (gitpython).
+
+The user's repository is never touched: it is cloned once (``--shared``, cheap) into the cache,
+and every step checks out one commit in that clone's own sparse worktree (code folders only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning"
+SPARSE = ("src", "requirements")
+REQUIREMENTS = ("requirements/pytorch/base.txt", "requirements/fabric/base.txt")
+PR = re.compile(r"\(#(\d+)\)\s*$")
+
+
+class BadInput(ValueError):
+    """A missing repository or an unknown ref (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+    date: str  # committer date, ISO
+
+    @property
+    def pr(self) -> int | None:
+        match = PR.search(self.subject)
+        return int(match.group(1)) if match else None
+
+    @property
+    def label(self) -> str:
+        return f"{self.sha[:10]} {self.subject[:60]}"
+
+
+def open_repo(source: str, cache: Path) -> git.Repo:
+    """A private clone of ``source`` (a path or URL) under ``cache``, made once, then reused."""
+    name = hashlib.sha256(source.encode()).hexdigest()[:12]
+    target = cache / name
+    if (target / ".git").exists() or (target / "HEAD").exists():
+        repo = git.Repo(target)
+        if Path(source).exists():  # pick up new commits of a local source
+            repo.git.fetch("--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
+        return repo
+    if Path(source).exists():
+        try:
+            git.Repo(source)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise BadInput(f"{source} is not a git repository") from None
+    elif "://" not in source and not source.startswith("git@"):
+        raise BadInput(f"no repository at {source}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shared = ["--shared"] if Path(source).exists() else []
+        return git.Repo.clone_from(source, target, no_checkout=True, multi_options=shared)
+    except git.GitCommandError as err:
+        raise BadInput(f"cannot clone {source}: {err.stderr.strip().splitlines()[-1:]}") from None
+
+
+def resolve(repo: git.Repo, ref: str) -> str:
+    for candidate in (ref, f"origin/{ref}", f"refs/tags/{ref}"):
+        try:
+            return repo.commit(candidate).hexsha
+        except (git.BadName, ValueError):
+            continue
+    raise BadInput(f"unknown git ref {ref!r}")
+
+
+def mainline(repo: git.Repo, good: str, bad: str) -> tuple[str, str, list[str]]:
+    """Map the ends onto one first-parent line (patch releases live on release branches).
+
+    Returns (good, bad, notes): when ``good`` is not an ancestor of ``bad``, it becomes their
+    merge-base; the notes say so for the report.
+    """
+    notes = []
+    if not repo.is_ancestor(good, bad):
+        base = repo.merge_base(good, bad)
+        if not base:
+            raise BadInput("the two refs share no history")
+        notes.append(f"good end {good[:10]} is not an ancestor of the bad end; using their "
+                     f"merge-base {base[0].hexsha[:10]}")
+        good = base[0].hexsha
+    return good, bad, notes
+
+
+def first_parent(repo: git.Repo, good: str, bad: str) -> list[Commit]:
+    """Commits after ``good`` up to ``bad`` along the first parent, oldest first (one per PR)."""
+    out = repo.git.log("--first-parent", "--reverse", "--format=%H%x00%s%x00%cI", f"{good}..{bad}")
+    commits = []
+    for line in out.splitlines():
+        sha, subject, date = line.split("\x00")
+        commits.append(Commit(sha, subject, date))
+    return commits
+
+
+def commit_info(repo: git.Repo, sha: str) -> Commit:
+    c = repo.commit(sha)
+    return Commit(c.hexsha, c.summary, c.committed_datetime.isoformat())
+
+
+class Worktree:
+    """A detached, sparse worktree of the cache clone, moved from commit to commit."""
+
+    def __init__(self, repo: git.Repo, path: Path):
+        self.repo, self.path = repo, Path(path)
+        if not (self.path / ".git").exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            repo.git.worktree("prune")
+            repo.git.worktree("add", "--detach", "--no-checkout", str(self.path), "HEAD")
+            self.git = git.Repo(self.path).git
+            self.git.sparse_checkout("set", "--no-cone", *(f"/{d}/" for d in SPARSE))
+        self.git = git.Repo(self.path).git
+
+    def checkout(self, sha: str) -> Path:
+        self.git.checkout("--quiet", "--force", "--detach", sha)
+        return self.path
+
+    def requirements(self) -> list[str]:
+        """Runtime requirements at the checked-out commit, torch left out (the bisect pins it)."""
+        reqs = []
+        for rel in REQUIREMENTS:
+            path = self.path / rel
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                line = line.split("#")[0].strip()
+                if line and not line.startswith("-") and not re.match(r"torch\b", line):
+                    reqs.append(line)
+        return sorted(set(reqs))
