@@ -41,6 +41,7 @@ def test_recorded_tracebacks_are_classified(stress, fixture, outcome):
     ("RuntimeError: Trying to backward through the graph a second time", "other_error"),
     ("torch.distributed.DistBackendError: Watchdog caught collective operation timeout", "peer_failure"),
     ("ValueError: unrelated", "other_error"),
+    ("Traceback ...\nNotApplicable: needs Lightning 2.1", "not_applicable"),
 ])
 def test_classifier_on_messages(stress, text, outcome):
     assert stress.classify(text) == outcome
@@ -60,6 +61,8 @@ def test_expectations(stress):
     assert stress.meets("no-signature", [run(["other_error", "other_error"])])
     assert not stress.meets("no-signature", [one])
     assert stress.meets("ok", [clean]) and not stress.meets("ok", [run(["ok", "other_error"])])
+    na = run(["not_applicable", "not_applicable"])
+    assert stress.meets("ok", [na]) and stress.meets("signature", [na, both])
 
 
 def test_summary_counts_outcomes_and_steps(stress):
