@@ -57,6 +57,13 @@ def bisect(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def fingerprint(session: nox.Session) -> None:
+    """Which Lightning and torch releases match a pasted traceback: `-- traceback.txt`."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    session.run("python", "-m", "tools.fingerprint", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
     session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))
