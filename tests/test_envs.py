@@ -10,8 +10,9 @@ from packaging.version import Version
 from tools import envs, index
 
 
-def fake_release(day):
-    return index.Release(Version("1"), datetime.fromisoformat(f"{day}T12:00:00+00:00"), False, None)
+def fake_release(day, version="2.4.1"):
+    return index.Release(Version(version), datetime.fromisoformat(f"{day}T12:00:00+00:00"), False,
+                         None)
 
 
 def test_install_args_pin_both_and_exempt_torch_closure(monkeypatch):
@@ -29,6 +30,8 @@ def test_install_args_pin_both_and_exempt_torch_closure(monkeypatch):
                     "--exclude-newer-package=sympy=2024-09-05",
                     "--exclude-newer-package=torch=2024-09-05"]
     assert seen["earliest"] == datetime(2024, 9, 4, 12, tzinfo=UTC)  # the later of the two dates
+    monkeypatch.setattr(index, "release", lambda name, version: fake_release(dates[name], "2.1.2"))
+    assert "numpy<2" in envs.install_args("pytorch-lightning", "2.3.3", "2.1.2")  # torch's ABI
 
 
 def test_unknown_version_is_a_clear_error():
@@ -49,7 +52,8 @@ def test_release_dates_and_yanks_come_from_the_index():
 def test_pl_2_0_0_resolves_with_the_setuptools_of_its_time():
     # pytorch-lightning 1.9.5 .. 2.3.3 import pkg_resources, which setuptools 82 removed
     args = envs.install_args("pytorch-lightning", "2.0.0", "2.0.0")
-    reqs, flags = args[:2], args[2:]
+    reqs = [a for a in args if not a.startswith("--")]
+    flags = [a for a in args if a.startswith("--")]
     proc = subprocess.run(["uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate",
                            "--python-version", "3.11", *flags],
                           input="\n".join(reqs) + "\nsetuptools\n", capture_output=True, text=True)

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 from tools import index
 
@@ -105,7 +106,11 @@ def era_args(requirements: list[str], torch_version: str, moment: datetime) -> l
     """``uv pip install`` arguments for requirements as of ``moment`` with ``torch==T`` exempt."""
     torch = index.release("torch", torch_version)
     exempt, torch_era = torch_closure(torch_version, max(moment, torch.uploaded))
-    return [f"torch=={torch_version}", *requirements, f"--exclude-newer={index.day_after(moment)}",
+    # torch wheels before 2.3 were built against NumPy 1.x and cannot use NumPy 2 ("Numpy is not
+    # available"): a fact of torch's builds, whatever the era of the other packages
+    abi = ["numpy<2"] if torch.version < Version("2.3") else []
+    return [f"torch=={torch_version}", *requirements, *abi,
+            f"--exclude-newer={index.day_after(moment)}",
             *(f"--exclude-newer-package={name}={torch_era}" for name in exempt)]
 
 
