@@ -7,10 +7,9 @@ import json
 import os
 from pathlib import Path
 
-import git
 import pytest
 
-from tools import bisect_cli
+from tools import bisect_cli, gitrange
 
 REPO = os.environ.get("LIGHTNING_REPO")
 PREDICATE = Path(__file__).parent / "fixtures" / "ddp_fit_tip.py"
@@ -20,7 +19,7 @@ pytestmark = [pytest.mark.ddp, pytest.mark.timeout(1800),
 
 
 def test_commit_bisect_lands_on_the_change_git_log_names(tmp_path):
-    repo = git.Repo(REPO)
+    repo = gitrange.repo_at(REPO)
     master = "master" if "master" in repo.refs else "origin/master"
     added = repo.git.log("--first-parent", "--format=%H", "-S", "seamless cloud logging",
                          master, "--", "src/lightning/pytorch").split()[-1]

@@ -85,8 +85,9 @@ def trials_for(rate: float, miss: float = 0.01, cap: int = 20) -> int:
 class Bisector:
     def __init__(self, candidates: Sequence[str], test: Callable[[str], tuple[int, str | None]],
                  key: Callable[[str], str], state: State, trials: int = 1,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, label: Callable[[str], str] = str):
         self.candidates = list(candidates)
+        self.label = label
         self.test, self.key, self.state = test, key, state
         self.trials = trials
         self.log = log
@@ -102,7 +103,7 @@ class Bisector:
             step = Step(candidate, cached["verdict"], cached["codes"], cached["seconds"], True,
                         cached.get("reason"))
             self.steps.append(step)
-            self.log(f"  {candidate}: {step.verdict} (cached)")
+            self.log(f"  {self.label(candidate)}: {step.verdict} (cached)")
             return step.verdict
         codes, reasons, start = [], [], time.monotonic()
         for _ in range(trials):
@@ -120,7 +121,8 @@ class Bisector:
         self.state.put(key, {"verdict": verdict, "codes": codes, "seconds": seconds,
                              "reason": reason})
         self.steps.append(Step(candidate, verdict, codes, seconds, False, reason))
-        self.log(f"  {candidate}: {verdict} ({seconds:.0f} s){f' - {reason}' if reason else ''}")
+        self.log(f"  {self.label(candidate)}: {verdict} ({seconds:.0f} s)"
+                 f"{f' - {reason}' if reason else ''}")
         return verdict
 
     # -- the search ----------------------------------------------------------------------
@@ -129,8 +131,8 @@ class Bisector:
         distance = 1
         while True:
             index = max(bad - distance, 0)
-            self.log(f"[search back] {self.candidates[index]} ({distance} before "
-                     f"{self.candidates[bad]})")
+            self.log(f"[search back] {self.label(self.candidates[index])} ({distance} before "
+                     f"{self.label(self.candidates[bad])})")
             if self.verdict(self.candidates[index]) == "good":
                 return index
             if index == 0:
@@ -149,8 +151,9 @@ class Bisector:
             index = min(untested, key=lambda i: (abs(i - middle), i))
             remaining = len(untested)
             self.log(f"[step {len(self.steps) + 1}, ~{math.ceil(math.log2(remaining + 1))} left] "
-                     f"{remaining} candidates between {self.candidates[good]} and "
-                     f"{self.candidates[bad]}; testing {self.candidates[index]}, elapsed "
+                     f"{remaining} candidates between {self.label(self.candidates[good])} and "
+                     f"{self.label(self.candidates[bad])}; testing "
+                     f"{self.label(self.candidates[index])}, elapsed "
                      f"{time.monotonic() - self.started:.0f} s")
             verdict = self.verdict(self.candidates[index])
             if verdict == "good":
@@ -165,7 +168,7 @@ class Bisector:
 
     def run(self, good: int | None, bad: int) -> Outcome:
         """Verify the ends (or search for a good one), then bisect."""
-        self.log(f"[verify] bad end {self.candidates[bad]}")
+        self.log(f"[verify] bad end {self.label(self.candidates[bad])}")
         if self.verdict(self.candidates[bad]) != "bad":
             raise ValueError(f"the bad end {self.candidates[bad]} does not show the bug "
                              f"({self.steps[-1].verdict}{self._why()})")
@@ -174,7 +177,7 @@ class Bisector:
             if good is None:
                 return Outcome("no-good", self.candidates[bad], None, [], self.steps, bad + 1)
         else:
-            self.log(f"[verify] good end {self.candidates[good]}")
+            self.log(f"[verify] good end {self.label(self.candidates[good])}")
             if self.verdict(self.candidates[good]) != "good":
                 raise ValueError(f"the good end {self.candidates[good]} is not good "
                                  f"({self.steps[-1].verdict}{self._why()})")

@@ -199,7 +199,8 @@ def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
         return f"{args.repro.name} {' '.join(args.repro_args)}|commit {sha}|torch=={torch}|py{PY}"
 
     state = State(Path(args.state))
-    b = Bisector([c.sha for c in candidates], test, key, state, 1, log)
+    b = Bisector([c.sha for c in candidates], test, key, state, 1, log,
+                 label=lambda sha: by_sha[sha].label)
     b.trials = args.trials if args.trials != "auto" else pick_trials(args, b, candidates[-1].sha)
     outcome = b.run(0, len(candidates) - 1)
     return outcome, candidates, notes, torch, source
@@ -255,9 +256,11 @@ def report(args, argv, release: dict | None, commit: dict | None, seconds: float
               "<details><summary>Step log</summary>", "",
               "| candidate | verdict | runs | s | cached | note |",
               "|---|---|---|---|---|---|"]
+    subjects = {c.sha: c.label for c in (commit or {}).get("candidates", [])}
     for tier in filter(None, [release, commit]):
         for s in tier["outcome"].steps:
-            lines.append(f"| {s.candidate[:12]} | {s.verdict} | {len(s.codes)} | {s.seconds:.0f} | "
+            name = subjects.get(s.candidate, s.candidate).replace("|", "/")
+            lines.append(f"| {name} | {s.verdict} | {len(s.codes)} | {s.seconds:.0f} | "
                          f"{'yes' if s.cached else ''} | {(s.reason or '').replace('|', '/')[:100]} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)

@@ -183,9 +183,13 @@ def main(argv=None) -> int:
     pl_versions = [v for v, r in index.releases(args.package).items()
                    if v >= Version(args.since) and not v.is_prerelease]
     if args.repo:
-        import git
+        from tools import gitrange
 
-        repo = git.Repo(args.repo)
+        try:
+            repo = gitrange.repo_at(args.repo)
+        except gitrange.BadInput as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         tags = {t.name for t in repo.tags}
         pl_versions = [v for v in pl_versions if str(v) in tags]
         pl = fingerprint(frames, "lightning", pl_versions, lambda v: GitSources(repo, str(v)))

@@ -39,6 +39,18 @@ class Commit:
         return f"{self.sha[:10]} {self.subject[:60]}"
 
 
+def repo_at(path: str | Path) -> git.Repo:
+    """Open a checkout or a bare repository (also one without a config file, as snapshots are)."""
+    path = Path(path)
+    try:
+        repo = git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise BadInput(f"{path} is not a git repository") from None
+    if not (path / ".git").exists() and (path / "HEAD").exists() and (path / "objects").exists():
+        repo.git.update_environment(GIT_DIR=str(path))  # bare: git must not look at the parent
+    return repo
+
+
 def open_repo(source: str, cache: Path) -> git.Repo:
     """A private clone of ``source`` (a path or URL) under ``cache``, made once, then reused."""
     name = hashlib.sha256(source.encode()).hexdigest()[:12]
@@ -49,10 +61,7 @@ def open_repo(source: str, cache: Path) -> git.Repo:
             repo.git.fetch("--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
         return repo
     if Path(source).exists():
-        try:
-            git.Repo(source)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise BadInput(f"{source} is not a git repository") from None
+        repo_at(source)
     elif "://" not in source and not source.startswith("git@"):
         raise BadInput(f"no repository at {source}")
     target.parent.mkdir(parents=True, exist_ok=True)
