@@ -136,7 +136,7 @@ def make_repo(path: Path) -> tuple[git.Repo, list[str]]:
 
 @pytest.fixture
 def no_envs(monkeypatch):
-    monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11": Path(sys.executable))
+    monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11", log=None: Path(sys.executable))
     monkeypatch.setattr(envs, "era_args", lambda reqs, torch, moment: list(reqs))
 
 

@@ -109,7 +109,7 @@ def release_predicate(args, out: Path):
                 index.release(package, version).uploaded)
         try:
             python = envs.ensure(f"{package}-{version}-torch{torch}",
-                                 envs.install_args(package, version, torch))
+                                 envs.install_args(package, version, torch), log=print)
         except envs.EnvError as err:
             return 125, f"environment: {err}"
         return run_repro(args, python, log_stem=out / "logs" / f"{package}-{version}-torch{torch}")
@@ -189,7 +189,7 @@ def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
 
         key = hashlib.sha256(json.dumps([reqs, torch]).encode()).hexdigest()[:12]
         try:
-            python = envs.ensure(f"commit-{key}", envs.era_args(reqs, torch, moment))
+            python = envs.ensure(f"commit-{key}", envs.era_args(reqs, torch, moment), log=log)
         except envs.EnvError as err:
             return 125, f"environment: {err}"
         return run_repro(args, python, {"PYTHONPATH": str(path / "src")}, "lightning.pytorch",

@@ -79,7 +79,7 @@ def install_args(package: str, version: str, torch_version: str) -> list[str]:
 ENVS = Path(__file__).resolve().parent.parent / ".cache" / "envs"
 
 
-def ensure(name: str, args: list[str], python: str = "3.11") -> Path:
+def ensure(name: str, args: list[str], python: str = "3.11", log=None) -> Path:
     """A cached venv under ``.cache/envs/<name>`` with ``uv pip install <args>``; its python.
 
     Made once per name and argument list: a marker file holding their hash is written last, so
@@ -91,6 +91,8 @@ def ensure(name: str, args: list[str], python: str = "3.11") -> Path:
     if marker.exists() and marker.read_text() == digest:
         return folder / "bin" / "python"
     folder.parent.mkdir(parents=True, exist_ok=True)
+    if log:
+        log(f"  [env] making {name} (a torch not yet in uv's cache is downloaded first)")
     steps = [["uv", "venv", "--quiet", "--clear", "--python", python, str(folder)],
              ["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args]]
     for cmd in steps:
