@@ -111,8 +111,10 @@ def release_predicate(args, out: Path):
             python = envs.ensure(f"{package}-{version}-torch{torch}",
                                  envs.install_args(package, version, torch), log=print)
         except envs.EnvError as err:
-            return 125, f"environment: {err}"
-        return run_repro(args, python, log_stem=out / "logs" / f"{package}-{version}-torch{torch}")
+            return 125, f"[{package} {version}, torch {torch}] environment: {err}"
+        code, reason = run_repro(args, python,
+                                 log_stem=out / "logs" / f"{package}-{version}-torch{torch}")
+        return code, f"[{package} {version}, torch {torch}] {reason or 'clean'}"
     return test
 
 
@@ -261,7 +263,7 @@ def report(args, argv, release: dict | None, commit: dict | None, seconds: float
         for s in tier["outcome"].steps:
             name = subjects.get(s.candidate, s.candidate).replace("|", "/")
             lines.append(f"| {name} | {s.verdict} | {len(s.codes)} | {s.seconds:.0f} | "
-                         f"{'yes' if s.cached else ''} | {(s.reason or '').replace('|', '/')[:100]} |")
+                         f"{'yes' if s.cached else ''} | {(s.reason or '').replace('|', '/')[:140]} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
 
