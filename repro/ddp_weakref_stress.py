@@ -715,7 +715,9 @@ def parse_args(argv):
     p.add_argument("--budget", type=float, help="stop starting new runs after this many seconds")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 also when a control is not clean or an expected crash is missing")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", default="0",
+                   help="seed of the GC-timing scenarios; 'random': a new one each run (a flaky "
+                        "predicate, as the report saw it)")
     p.add_argument("--out", help="results folder (runs.jsonl, summary.md, per-run logs)")
     p.add_argument("--import-name", default="auto",
                    choices=("auto", "lightning.pytorch", "pytorch_lightning"))
@@ -726,6 +728,11 @@ def parse_args(argv):
     for name in filter(None, [args.scenario, args.worker]):
         if name not in CATALOGUE:
             p.error(f"unknown scenario {name!r} (see --list)")
+    if args.seed == "random":
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    elif not args.seed.lstrip("-").isdigit():
+        p.error("--seed takes a number or 'random'")
+    args.seed = int(args.seed)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
     if args.repeat < 1:
