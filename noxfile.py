@@ -64,6 +64,13 @@ def fingerprint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def patches(session: nox.Session) -> None:
+    """Validate the patch series: applies, bug before, fixed after: `-- --patch NAME --cell ID`."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    session.run("python", "-m", "tools.validate_patches", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
     session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))

@@ -1,0 +1,143 @@
+"""The patch series in ``patches/``: headers, checks against installed packages, throwaway envs.
+
+A patch file is DEP-3 headers (``Description``, ``Bug``, ... and ``X-Target``: ``torch`` or
+``lightning``; ``X-Cells``, ``X-Repro``, ``X-Expect-Before`` / ``X-Expect-After``), a blank line,
+then a unified diff with paths as in the upstream repository (``src/lightning/pytorch/...`` or
+``torch/...``). Applying uses GNU patch without fuzz (the context is minimal, fuzz would let a
+hunk land anywhere); a hunk that applies at an offset is reported as drift.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / "patches"
+REQUIRED = ("Description", "Bug", "X-Target", "X-Repro", "X-Expect-Before", "X-Expect-After")
+TARGETS = ("torch", "lightning")
+
+
+class PatchError(ValueError):
+    """A malformed patch or series (one line, exit 2)."""
+
+
+@dataclass
+class Patch:
+    path: Path
+    headers: dict[str, str]
+    diff: str
+    files: list[str] = field(default_factory=list)  # paths as in the upstream repository
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def target(self) -> str:
+        return self.headers["X-Target"]
+
+    @property
+    def cells(self) -> list[str]:
+        return self.headers.get("X-Cells", "").split()
+
+    @property
+    def repro(self) -> list[str]:
+        return shlex.split(self.headers["X-Repro"])
+
+
+def parse(path: Path) -> Patch:
+    text = Path(path).read_text()
+    head, sep, diff = text.partition("\n\n")
+    if not sep or not re.search(r"^--- ", diff, re.M):
+        raise PatchError(f"{Path(path).name}: no unified diff after the headers")
+    headers: dict[str, str] = {}
+    last = None
+    for line in head.splitlines():
+        if line.startswith((" ", "\t")) and last:
+            headers[last] += "\n" + line.strip()
+        elif ":" in line:
+            last, value = (part.strip() for part in line.split(":", 1))
+            headers[last] = value
+        else:
+            raise PatchError(f"{Path(path).name}: header line without a field: {line[:60]!r}")
+    missing = [h for h in REQUIRED if h not in headers]
+    if missing:
+        raise PatchError(f"{Path(path).name}: missing header {', '.join(missing)}")
+    if headers["X-Target"] not in TARGETS:
+        raise PatchError(f"{Path(path).name}: X-Target must be one of {', '.join(TARGETS)}")
+    files = [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.M)]
+    hunks = re.findall(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@", diff, re.M)
+    if not files or not hunks:
+        raise PatchError(f"{Path(path).name}: the diff has no file or no hunk")
+    return Patch(Path(path), headers, diff, files)
+
+
+def series(folder: Path = PATCHES) -> list[Patch]:
+    listing = Path(folder) / "series"
+    if not listing.exists():
+        raise PatchError(f"no series file in {folder}")
+    names = [line.split("#")[0].strip() for line in listing.read_text().splitlines()]
+    out = []
+    for name in filter(None, names):
+        if not (Path(folder) / name).exists():
+            raise PatchError(f"series names {name}, which is not in {folder}")
+        out.append(parse(Path(folder) / name))
+    return out
+
+
+def installed_root(site: Path, patch: Patch) -> tuple[Path, int]:
+    """Where the patch's paths land in an installed environment, and GNU patch's -p level.
+
+    ``torch/...`` lands in site-packages as is. ``src/lightning/pytorch/...`` lands in
+    ``lightning/pytorch/...`` (the unified package) or ``pytorch_lightning/...`` (the mirror).
+    """
+    site = Path(site)
+    if patch.target == "torch":
+        return site, 1
+    if (site / "lightning" / "pytorch").is_dir():
+        return site / "lightning" / "pytorch", 4  # a/src/lightning/pytorch/<rest>
+    if (site / "pytorch_lightning").is_dir():
+        return site / "pytorch_lightning", 4
+    raise PatchError(f"no Lightning installed in {site}")
+
+
+@dataclass
+class Check:
+    state: str  # applies | drift | already-applied | fails
+    detail: str = ""
+
+
+def _patch(root: Path, level: int, diff: str, *extra: str) -> subprocess.CompletedProcess:
+    # --fuzz 0: the patches carry minimal context, and fuzz would let a hunk land anywhere
+    return subprocess.run(["patch", f"-p{level}", "--batch", "--forward", "--fuzz", "0",
+                           "-d", str(root), *extra], input=diff, capture_output=True, text=True)
+
+
+def check(patch: Patch, root: Path, level: int) -> Check:
+    """Does the patch apply to the tree at ``root``? Nothing is changed."""
+    forward = _patch(root, level, patch.diff, "--dry-run")
+    if forward.returncode == 0:
+        parts = []
+        for line in re.findall(r"^Hunk #\d+ succeeded at .*$", forward.stdout, re.M):
+            offset, fuzz = re.search(r"offset (-?\d+)", line), re.search(r"fuzz (\d+)", line)
+            parts += [f"offset {offset.group(1)} lines"] if offset else []
+            parts += [f"fuzz {fuzz.group(1)}"] if fuzz else []
+        return Check("drift", ", ".join(parts)) if parts else Check("applies")
+    backward = subprocess.run(["patch", f"-p{level}", "--batch", "-R", "--fuzz", "0", "--dry-run",
+                               "-d", str(root)], input=patch.diff, capture_output=True, text=True)
+    if backward.returncode == 0:
+        return Check("already-applied", "the reverse applies: upstream already has it")
+    last = (forward.stdout.strip().splitlines() or ["?"])[-1]
+    return Check("fails", last)
+
+
+def apply(patch: Patch, root: Path, level: int) -> None:
+    """Apply for real. GNU patch writes new files (never in place), so files hard-linked from
+    uv's cache are replaced, not modified."""
+    proc = _patch(root, level, patch.diff, "--no-backup-if-mismatch")
+    if proc.returncode:
+        raise PatchError(f"{patch.name} does not apply: {proc.stdout.strip().splitlines()[-1:]}")
