@@ -623,6 +623,9 @@ def _summary_line(runs, selected, unmet) -> str:
     controls = [sc.name for sc in selected if sc.kind == "control"]
     dirty = [name for name in unmet if name in controls]
     line = f"signature in {len(hits)}/{len(runs)} runs"
+    clear = [r for r in runs if "clear_error" in r["outcomes"]]
+    if clear:
+        line += f", clear error in {len(clear)}/{len(runs)}"
     if controls:
         line += "; controls clean" if not dirty else f"; controls NOT clean: {', '.join(dirty)}"
     missing = [n for n in unmet if n not in controls]
