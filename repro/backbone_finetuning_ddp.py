@@ -177,6 +177,7 @@ def judge(args, epochs: list[dict]):
         if out_of_sync:
             details["reason"] = "replicas diverged without the finetuning callback: a different bug"
             return SKIP, None, details
+        details["summary"] = "in sync at every epoch end"
         return GOOD, None, details
     trainable_last = epochs[-1]["trainable"]
     frozen_before = not any(n.startswith("backbone.") for n in epochs[0]["trainable"])
@@ -187,6 +188,8 @@ def judge(args, epochs: list[dict]):
         details["reason"] = "the callback did not freeze then unfreeze the backbone"
         return SKIP, None, details
     if not out_of_sync:
+        details["summary"] = "in sync at every epoch end; backbone trained after unfreezing" if \
+            details["backbone_changed_after_unfreeze"] else "in sync at every epoch end"
         return GOOD, None, details
     first = out_of_sync[0]
     if first["epoch"] < args.unfreeze_epoch:

@@ -48,6 +48,20 @@ class Patch:
     def repro(self) -> list[str]:
         return shlex.split(self.headers["X-Repro"])
 
+    def installable_diff(self) -> str:
+        """The part of the diff that lands in an installed package: its Python sources only
+        (no tests, no CHANGELOG), as they exist in a wheel."""
+        prefix = "torch/" if self.target == "torch" else "src/lightning/pytorch/"
+        sections = re.split(r"(?m)^(?=diff --git )", self.diff)
+        if len(sections) == 1:  # a plain unified diff without git headers
+            sections = re.split(r"(?m)^(?=--- )", self.diff)
+        keep = []
+        for section in sections:
+            path = re.search(r"(?m)^\+\+\+ b/(\S+)", section)
+            if path and path.group(1).startswith(prefix) and path.group(1).endswith(".py"):
+                keep.append(section)
+        return "".join(keep)
+
 
 def parse(path: Path) -> Patch:
     text = Path(path).read_text()
@@ -117,9 +131,10 @@ def _patch(root: Path, level: int, diff: str, *extra: str) -> subprocess.Complet
                            "-d", str(root), *extra], input=diff, capture_output=True, text=True)
 
 
-def check(patch: Patch, root: Path, level: int) -> Check:
-    """Does the patch apply to the tree at ``root``? Nothing is changed."""
-    forward = _patch(root, level, patch.diff, "--dry-run")
+def check(patch: Patch, root: Path, level: int, diff: str | None = None) -> Check:
+    """Does the patch (or ``diff``, a part of it) apply to the tree at ``root``? Nothing changes."""
+    diff = patch.diff if diff is None else diff
+    forward = _patch(root, level, diff, "--dry-run")
     if forward.returncode == 0:
         parts = []
         for line in re.findall(r"^Hunk #\d+ succeeded at .*$", forward.stdout, re.M):
@@ -128,16 +143,16 @@ def check(patch: Patch, root: Path, level: int) -> Check:
             parts += [f"fuzz {fuzz.group(1)}"] if fuzz else []
         return Check("drift", ", ".join(parts)) if parts else Check("applies")
     backward = subprocess.run(["patch", f"-p{level}", "--batch", "-R", "--fuzz", "0", "--dry-run",
-                               "-d", str(root)], input=patch.diff, capture_output=True, text=True)
+                               "-d", str(root)], input=diff, capture_output=True, text=True)
     if backward.returncode == 0:
         return Check("already-applied", "the reverse applies: upstream already has it")
     last = (forward.stdout.strip().splitlines() or ["?"])[-1]
     return Check("fails", last)
 
 
-def apply(patch: Patch, root: Path, level: int) -> None:
+def apply(patch: Patch, root: Path, level: int, diff: str | None = None) -> None:
     """Apply for real. GNU patch writes new files (never in place), so files hard-linked from
     uv's cache are replaced, not modified."""
-    proc = _patch(root, level, patch.diff, "--no-backup-if-mismatch")
+    proc = _patch(root, level, patch.diff if diff is None else diff, "--no-backup-if-mismatch")
     if proc.returncode:
         raise PatchError(f"{patch.name} does not apply: {proc.stdout.strip().splitlines()[-1:]}")

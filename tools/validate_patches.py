@@ -47,14 +47,15 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, log=print) -> d
     before_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
     root, level = patches.installed_root(site_packages(before_py), patch)
     row = {"patch": patch.name, "cell": cell.id}
-    checked = patches.check(patch, root, level)
+    installable = patch.installable_diff()
+    checked = patches.check(patch, root, level, installable)
     row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
     before = run(patch, before_py, out / "logs" / patch.name / cell.id / "before")
     row["before"] = before.verdict
     with tempfile.TemporaryDirectory(prefix="patched-") as tmp:
         after_py = throwaway(args, Path(tmp) / "venv")
         if checked.state in ("applies", "drift"):
-            patches.apply(patch, *patches.installed_root(site_packages(after_py), patch))
+            patches.apply(patch, *patches.installed_root(site_packages(after_py), patch), installable)
         after = run(patch, after_py, out / "logs" / patch.name / cell.id / "after")
     row["after"] = after.verdict
     row["after_detail"] = ((after.record or {}).get("details") or {}).get("summary") or after.reason
