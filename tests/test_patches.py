@@ -127,3 +127,14 @@ def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
     assert "no longer exists" in run["errors"][0]
     mine = Path(metadata.distribution("torch").locate_file("torch/nn/parallel/distributed.py"))
     assert "no longer exists" not in mine.read_text()  # the test environment is untouched
+
+
+def test_a_series_patch_splits_into_installable_sources_and_new_tests():
+    (patch,) = [p for p in patches.series() if p.target == "lightning"]
+    assert set(patch.sections()) == set(patch.files)
+    installable = patch.installable_diff()
+    assert "src/lightning/pytorch/strategies/ddp.py" in installable
+    assert "CHANGELOG" not in installable and "tests/" not in installable
+    assert list(patch.new_tests()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
+    assert "[unreleased]" in patch.diff or "Fixed DDP replicas" in patch.sections()[
+        "src/lightning/pytorch/CHANGELOG.md"]

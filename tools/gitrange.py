@@ -116,18 +116,20 @@ def commit_info(repo: git.Repo, sha: str) -> Commit:
 class Worktree:
     """A detached, sparse worktree of the cache clone, moved from commit to commit."""
 
-    def __init__(self, repo: git.Repo, path: Path):
+    def __init__(self, repo: git.Repo, path: Path, sparse: tuple[str, ...] = SPARSE):
         self.repo, self.path = repo, Path(path)
         if not (self.path / ".git").exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             repo.git.worktree("prune")
             repo.git.worktree("add", "--detach", "--no-checkout", str(self.path), "HEAD")
             self.git = git.Repo(self.path).git
-            self.git.sparse_checkout("set", "--no-cone", *(f"/{d}/" for d in SPARSE))
+            self.git.sparse_checkout("set", "--no-cone", *(f"/{d}/" for d in sparse))
         self.git = git.Repo(self.path).git
 
     def checkout(self, sha: str) -> Path:
+        """Check ``sha`` out, dropping any change and untracked file left in the worktree."""
         self.git.checkout("--quiet", "--force", "--detach", sha)
+        self.git.clean("-fdq")
         return self.path
 
     def requirements(self) -> list[str]:

@@ -48,19 +48,29 @@ class Patch:
     def repro(self) -> list[str]:
         return shlex.split(self.headers["X-Repro"])
 
+    def sections(self) -> dict[str, str]:
+        """The diff cut into one piece per file, by its path in the upstream repository."""
+        pieces = re.split(r"(?m)^(?=diff --git )", self.diff)
+        if len(pieces) == 1:  # a plain unified diff without git headers
+            pieces = re.split(r"(?m)^(?=--- )", self.diff)
+        out = {}
+        for piece in pieces:
+            path = re.search(r"(?m)^\+\+\+ b/(\S+)", piece)
+            if path:
+                out[path.group(1)] = piece
+        return out
+
     def installable_diff(self) -> str:
         """The part of the diff that lands in an installed package: its Python sources only
         (no tests, no CHANGELOG), as they exist in a wheel."""
         prefix = "torch/" if self.target == "torch" else "src/lightning/pytorch/"
-        sections = re.split(r"(?m)^(?=diff --git )", self.diff)
-        if len(sections) == 1:  # a plain unified diff without git headers
-            sections = re.split(r"(?m)^(?=--- )", self.diff)
-        keep = []
-        for section in sections:
-            path = re.search(r"(?m)^\+\+\+ b/(\S+)", section)
-            if path and path.group(1).startswith(prefix) and path.group(1).endswith(".py"):
-                keep.append(section)
-        return "".join(keep)
+        return "".join(text for path, text in self.sections().items()
+                       if path.startswith(prefix) and path.endswith(".py"))
+
+    def new_tests(self) -> dict[str, str]:
+        """Test files the patch creates, with their part of the diff."""
+        return {path: text for path, text in self.sections().items()
+                if path.startswith("tests/") and re.search(r"(?m)^--- /dev/null", text)}
 
 
 def parse(path: Path) -> Patch:

@@ -14,14 +14,19 @@ apply or does not fix its bug in a cell, 2 for a malformed patch or an unknown c
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 from tools import contract, envs, harness, matrix, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache"
+TEST_TORCH = "2.13.0"  # the torch of the upstream test environment
 
 
 def site_packages(python: Path) -> Path:
@@ -59,14 +64,68 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, log=print) -> d
         after = run(patch, after_py, out / "logs" / patch.name / cell.id / "after")
     row["after"] = after.verdict
     row["after_detail"] = ((after.record or {}).get("details") or {}).get("summary") or after.reason
-    row["upstream_tests"] = ("not run: torch's own test suite is out of scope here"
-                             if patch.target == "torch" else "needs LIGHTNING_REPO")
-    row["ok"] = (checked.state in ("applies", "drift")
+    row["upstream_tests"] = upstream_tests(patch, log)
+    row["ok"] = ("NOT as required" not in row["upstream_tests"]
+                 and checked.state in ("applies", "drift")
                  and before.verdict == patch.headers["X-Expect-Before"]
                  and after.verdict == patch.headers["X-Expect-After"])
     log(f"  {patch.name} x {cell.id}: {row['applies']}; before {row['before']}, "
         f"after {row['after']} ({row['after_detail']})")
     return row
+
+
+_UPSTREAM: dict[str, str] = {}  # per patch: the same answer for every cell
+
+
+def upstream_tests(patch: patches.Patch, log=print) -> str:
+    """Lightning's own tests on a patched checkout of master: the patch's new tests must fail
+    without it, and every test file it names (``X-Tests``) must pass with it."""
+    if patch.target == "torch":
+        return "not run: torch's own test suite is out of scope here"
+    source = os.environ.get("LIGHTNING_REPO")
+    if not source:
+        return "skipped: no Lightning checkout configured (LIGHTNING_REPO)"
+    if patch.name in _UPSTREAM:
+        return _UPSTREAM[patch.name]
+    from tools import gitrange
+
+    repo = gitrange.open_repo(source, CACHE / "repos")
+    master = gitrange.resolve(repo, "master")
+    wt = gitrange.Worktree(repo, CACHE / "worktrees" / "upstream-tests",
+                           sparse=("src", "requirements", "tests"))
+    path = wt.checkout(master)
+    python = envs.ensure(f"upstream-tests-{master[:12]}",
+                         envs.era_args([*wt.requirements(), "pytest"], TEST_TORCH,
+                                       datetime.fromisoformat(gitrange.commit_info(repo, master).date)),
+                         log=log)
+    new = patch.new_tests()
+    named = patch.headers.get("X-Tests", "").split() or [f for f in patch.files if f.startswith("tests/")]
+    # without the fix: only the new test files, applied alone, must fail
+    patches.apply(patch, path, 1, "".join(new.values()))
+    before = pytest_counts(python, path, list(new))
+    wt.checkout(master)
+    patches.apply(patch, path, 1)
+    after = pytest_counts(python, path, named)
+    wt.checkout(master)
+    ok = before.get("failed", 0) > 0 and not after.get("failed") and not after.get("error")
+    text = (f"master + new tests: {_fmt(before)}; patched: {_fmt(after)}"
+            f"{'' if ok else ' (NOT as required)'}")
+    _UPSTREAM[patch.name] = text
+    return text
+
+
+def pytest_counts(python: Path, checkout: Path, files: list[str]) -> dict[str, int]:
+    rel = [str(Path(f).relative_to("tests/tests_pytorch")) for f in files]
+    env = {**os.environ, "PYTHONPATH": f"{checkout / 'src'}:{checkout / 'tests'}"}
+    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
+                           *rel], cwd=checkout / "tests" / "tests_pytorch", env=env,
+                          capture_output=True, text=True, timeout=1800)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", last)}
+
+
+def _fmt(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in counts.items()) or "no result"
 
 
 def summary(rows: list[dict]) -> str:
