@@ -71,6 +71,13 @@ def patches(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def pr(session: nox.Session) -> None:
+    """A PR bundle for a validated patch: `-- <patch> [--bisect report.md]`."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    session.run("python", "-m", "tools.pr_bundle", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
     session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))

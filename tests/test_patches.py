@@ -138,3 +138,22 @@ def test_a_series_patch_splits_into_installable_sources_and_new_tests():
     assert list(patch.new_tests()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
     assert "[unreleased]" in patch.diff or "Fixed DDP replicas" in patch.sections()[
         "src/lightning/pytorch/CHANGELOG.md"]
+
+
+def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):
+    from tools import pr_bundle, results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    (patch,) = [p for p in patches.series() if p.target == "lightning"]
+    assert pr_bundle.main([patch.name]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {patch.name} has not validated: run `nox -s patches` first"]
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "good", "after_detail": "in sync", "upstream_tests": "4 failed; 31 passed"}
+            for c in patch.cells]
+    results.write_json(tmp_path / "patches" / "1" / "summary.json", rows)
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    assert pr_bundle.main([patch.name]) == 0
+    body = (tmp_path / "pr" / patch.path.stem / "body.md").read_text()
+    assert body.startswith("## What does this PR do?\n\nFixes #20340")
+    assert (tmp_path / "pr" / patch.path.stem / "branch.txt").read_text().startswith("bugfix/20340_")
