@@ -194,3 +194,39 @@ def test_release_bisect_never_worked(tmp_path, monkeypatch):
     assert code == 3
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Bad in every pytorch-lightning release tested" in text
+
+
+def test_an_end_on_a_release_branch_is_mapped_through_the_merge_base(tmp_path, no_envs, monkeypatch):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = make_repo(tmp_path / "lightning")
+    # a patch release cherry-picked on a release branch off commit 2
+    repo.git.checkout("-b", "release/1.0.x", shas[2])
+    (tmp_path / "lightning" / "NOTES").write_text("1.0.1\n")
+    repo.index.add(["NOTES"])
+    repo.index.commit("release 1.0.1 (#102)")
+    repo.create_tag("1.0.1")
+    repo.git.checkout("master")
+    assert cli(tmp_path, repo.working_dir, "--good", "1.0.1", "--bad", "master") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]
+    assert data["outcome"]["first_bad"] == shas[7]
+    assert "merge-base" in data["notes"][0] and shas[2][:10] in data["notes"][0]
+    assert "merge-base" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_release_candidates_leave_out_yanked_prereleases_and_other_pythons():
+    from datetime import UTC, datetime
+
+    from packaging.version import Version
+
+    from tools import index
+
+    def rel(v, yanked=False, requires=None, tags=("py3",)):
+        return index.Release(Version(v), datetime(2024, 1, 1, tzinfo=UTC), yanked, requires,
+                             frozenset(tags))
+
+    assert rel("2.0.0").installable_on("3.11")
+    assert not rel("2.0.1", yanked=True).installable_on("3.11")
+    assert not rel("2.1.0rc1").installable_on("3.11")
+    assert not rel("1.0.0", requires=">=3.6,<3.10").installable_on("3.11")
+    assert not rel("1.13.0", tags=("cp38", "cp39", "cp310")).installable_on("3.11")
+    assert rel("1.13.1", tags=("cp310", "cp311")).installable_on("3.11")
