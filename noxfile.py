@@ -49,32 +49,34 @@ def summary(session: nox.Session) -> None:
     print(cells.write_summary(latest, MATRIX))
 
 
+def _tool(session: nox.Session, module: str, **kwargs) -> None:
+    """Run one of the tools/ programs with the session's options (they need gitpython)."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    session.run("python", "-m", module, *session.posargs, **kwargs)
+
+
 @nox.session(python=PYTHON)
 def bisect(session: nox.Session) -> None:
     """Bisect releases, then Lightning commits: `nox -s bisect -- --help`."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
-    session.run("python", "-m", "tools.bisect_cli", *session.posargs, success_codes=[0, 3, 4])
+    _tool(session, "tools.bisect_cli", success_codes=[0, 3, 4])
 
 
 @nox.session(python=PYTHON)
 def fingerprint(session: nox.Session) -> None:
     """Which Lightning and torch releases match a pasted traceback: `-- traceback.txt`."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
-    session.run("python", "-m", "tools.fingerprint", *session.posargs)
+    _tool(session, "tools.fingerprint")
 
 
 @nox.session(python=PYTHON)
 def patches(session: nox.Session) -> None:
     """Validate the patch series: applies, bug before, fixed after: `-- --patch NAME --cell ID`."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
-    session.run("python", "-m", "tools.validate_patches", *session.posargs)
+    _tool(session, "tools.validate_patches")
 
 
 @nox.session(python=PYTHON)
 def pr(session: nox.Session) -> None:
     """A PR bundle for a validated patch: `-- <patch> [--bisect report.md]`."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
-    session.run("python", "-m", "tools.pr_bundle", *session.posargs)
+    _tool(session, "tools.pr_bundle")
 
 
 @nox.session(python=PYTHON)

@@ -113,6 +113,14 @@ def series(folder: Path = PATCHES) -> list[Patch]:
     return out
 
 
+def named(name: str | None, folder: Path = PATCHES) -> list[Patch]:
+    """The series, or only the patch called ``name`` (a PatchError when it is not in it)."""
+    found = [p for p in series(folder) if name is None or p.name == name]
+    if name and not found:
+        raise PatchError(f"no patch {name!r} in the series")
+    return found
+
+
 def installed_root(site: Path, patch: Patch) -> tuple[Path, int]:
     """Where the patch's paths land in an installed environment, and GNU patch's -p level.
 

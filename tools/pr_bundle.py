@@ -62,10 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--bisect", help="a bisect report.md to quote (e.g. the 'never worked' answer)")
     a = p.parse_args(argv)
     try:
-        found = [s for s in patches.series() if s.name == a.patch]
-        if not found:
-            raise patches.PatchError(f"no patch {a.patch!r} in the series")
-        patch = found[0]
+        (patch,) = patches.named(a.patch)
         rows = evidence(patch)
         if not rows or not all(r["ok"] for r in rows):
             raise patches.PatchError(f"{patch.name} has not validated: run `nox -s patches` first")

@@ -144,11 +144,8 @@ def main(argv=None) -> int:
     p.add_argument("--cell", help="only this matrix cell")
     a = p.parse_args(argv)
     try:
-        series = patches.series()
+        chosen = patches.named(a.patch)
         cells = {c.id: c for c in matrix.load().cells}
-        chosen = [s for s in series if not a.patch or s.name == a.patch]
-        if a.patch and not chosen:
-            raise patches.PatchError(f"no patch {a.patch!r} in the series")
         for s in chosen:
             unknown = [c for c in s.cells if c not in cells]
             if unknown:
