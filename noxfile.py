@@ -35,7 +35,7 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
     cells.install(session, cell, out)
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
                    opts.timeout, log=session.log, script=opts.script, signature=opts.signature)
-    if cell == [c for c in MATRIX.cells if not c.skip_reason(opts.include_unsupported)][-1]:
+    if cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")
 

@@ -42,6 +42,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # the workspace: tools.harness bounds every run
 from _contract import BAD, FAIL, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
 
+from tools import results  # noqa: E402  (atomic result files, shared with the workspace)
+
 REPRO = "ddp_weakref_stress"
 SIGNATURE = "'NoneType' object has no attribute 'reducer'"
 
@@ -513,7 +515,7 @@ def worker(args) -> None:
                "error": text.strip().splitlines()[-1] if text else None}
     if text:
         outcome["traceback"] = text[-4000:]
-    _write_json(Path(args.out) / f"rank{rank}.json", outcome)
+    results.write_json(Path(args.out) / f"rank{rank}.json", outcome)
     if text and rank == 0:  # let the peer record its own outcome before the group is killed
         _teardown_pg()
         deadline = time.monotonic() + 8
@@ -546,12 +548,6 @@ def _teardown_pg():
             dist.destroy_process_group()
     except Exception:
         pass
-
-
-def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------

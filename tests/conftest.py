@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ def python() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _quiet_env(monkeypatch):
+def _quiet_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     # results of tests never land in the user's results folder
-    monkeypatch.setenv("REPRO_RESULTS", os.environ.get("PYTEST_RESULTS", "/nonexistent-unused"))
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))

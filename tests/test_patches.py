@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,8 +137,8 @@ def test_a_series_patch_splits_into_installable_sources_and_new_tests():
     assert "src/lightning/pytorch/strategies/ddp.py" in installable
     assert "CHANGELOG" not in installable and "tests/" not in installable
     assert list(patch.new_tests()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
-    assert "[unreleased]" in patch.diff or "Fixed DDP replicas" in patch.sections()[
-        "src/lightning/pytorch/CHANGELOG.md"]
+    changelog = patch.sections()["src/lightning/pytorch/CHANGELOG.md"]
+    assert re.search(r"(?m)^\+- Fixed DDP replicas .*\(\[#20340\]", changelog)
 
 
 def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):

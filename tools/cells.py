@@ -29,12 +29,21 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+def runnable(matrix: Matrix, include_unsupported: bool) -> list[Cell]:
+    return [c for c in matrix.cells if not c.skip_reason(include_unsupported)]
+
+
+def is_last(cell: Cell, matrix: Matrix, include_unsupported: bool) -> bool:
+    """Is this the matrix's last cell to run (the one that prints the summary table)?"""
+    return runnable(matrix, include_unsupported)[-1:] == [cell]
+
+
 def progress(cell: Cell, matrix: Matrix, include_unsupported: bool) -> str:
-    runnable = [c for c in matrix.cells if not c.skip_reason(include_unsupported)]
-    position = next((i for i, c in enumerate(runnable, 1) if c.id == cell.id), 0)
-    line = f"cell {position}/{len(runnable)} {cell.id}, elapsed {_clock(time.monotonic() - _START)}"
+    runnable_cells = runnable(matrix, include_unsupported)
+    position = next((i for i, c in enumerate(runnable_cells, 1) if c.id == cell.id), 0)
+    line = f"cell {position}/{len(runnable_cells)} {cell.id}, elapsed {_clock(time.monotonic() - _START)}"
     if _DONE:
-        line += f", ETA ~{_clock(sum(_DONE) / len(_DONE) * (len(runnable) - position + 1))}"
+        line += f", ETA ~{_clock(sum(_DONE) / len(_DONE) * (len(runnable_cells) - position + 1))}"
     return line
 
 
