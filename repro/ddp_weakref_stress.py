@@ -68,7 +68,7 @@ def classify(text: str) -> str:
         return "ok"
     if text.rstrip().splitlines()[-1].startswith("NotApplicable:"):
         return "not_applicable"
-    if SIGNATURE in text:
+    if f"AttributeError: {SIGNATURE}" in text:  # the raw error itself, not a message quoting it
         return "signature"
     if CLEAR_ERROR.search(text):
         return "clear_error"

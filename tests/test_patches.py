@@ -12,16 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from tools import harness, patches
+from tools import harness, matrix, patches
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAD = """Description: d
+HEAD = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: someone <someone@example.invalid>
+Subject: [PATCH] a title that goes
+ on the next line
+
+Why the change is needed.
+
 Bug: https://example.com/1
+Forwarded: no
+Origin: other
+Last-Update: 2026-11-29
 X-Target: torch
+X-Base: v2.13.0
 X-Repro: repro/x.py
 X-Expect-Before: bad
 X-Expect-After: good
-
+---
 """
 ORIGINAL = "".join(f"line {i}\n" for i in range(1, 21))
 DIFF = """--- a/torch/m.py
@@ -44,16 +54,67 @@ def test_the_series_parses():
     assert found and all(p.files and p.repro for p in found)
 
 
+def test_a_format_patch_message_gives_the_fields(tmp_path):
+    patch = patches.parse(write(tmp_path, HEAD + DIFF))
+    assert patch.headers["Description"] == "a title that goes on the next line\nWhy the change is needed."
+    assert patch.headers["X-Base"] == "v2.13.0" and patch.headers["Author"].startswith("someone")
+    assert patch.files == ["torch/m.py"] and patch.repro == ["repro/x.py"]
+
+
 @pytest.mark.parametrize("text, message", [
-    (HEAD.replace("Bug: https://example.com/1\n", "") + DIFF, "missing header Bug"),
+    (HEAD.replace("Bug: https://example.com/1\n", "") + DIFF, "missing field Bug"),
+    (HEAD.replace("X-Base: v2.13.0\n", "") + DIFF, "missing field X-Base"),
     (HEAD, "no unified diff"),
     (HEAD.replace("X-Target: torch", "X-Target: numpy") + DIFF, "X-Target must be one of"),
-    ("just words\n\n" + DIFF, "header line without a field"),
+    ("just words\n\n" + DIFF, "not a git format-patch file"),
+    (HEAD.replace("Forwarded: no\n", "Forwarded: no\nnot a field\n") + DIFF, "not a field"),
+    (HEAD.replace("Subject: [PATCH] a title that goes\n on the next line\n", "") + DIFF, "no Subject"),
     (HEAD + "--- a/x\n+++ b/x\n", "no file or no hunk"),
 ])
 def test_malformed_patches_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(patches.PatchError, match=message):
         patches.parse(write(tmp_path, text))
+
+
+def test_git_am_takes_a_patch_file_as_is(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "torch").mkdir(parents=True)
+    (repo / "torch" / "m.py").write_text(ORIGINAL)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    diff = "diff --git a/torch/m.py b/torch/m.py\n" + DIFF
+    subprocess.run([*git, "am", "-q", str(write(tmp_path, HEAD + diff))], check=True)
+    log = subprocess.run([*git, "log", "-1", "--format=%s%n%b"], capture_output=True, text=True).stdout
+    assert log.startswith("a title that goes on the next line\n") and "X-Base: v2.13.0" in log
+    assert "inserted" in (repo / "torch" / "m.py").read_text()
+
+
+def test_the_lightning_patches_stack_exactly_on_the_installed_lightning(tmp_path):
+    """Each Lightning patch applies on top of the ones before it (quilt's series) onto a copy of
+    the installed sources (made against master, so offsets are allowed); ``git apply`` takes the
+    files too."""
+    site = Path(metadata.distribution("pytorch_lightning").locate_file(""))
+    series = [p for p in patches.series() if p.target == "lightning"]
+    copy = tmp_path / "pytorch_lightning"
+    shutil.copytree(site / "pytorch_lightning", copy)
+    cells = {c.id: c for c in matrix.load().cells}
+    for patch in series:
+        if metadata.version("pytorch_lightning") not in {cells[c].lightning for c in patch.cells}:
+            pytest.skip(f"the installed Lightning is not a cell of {patch.name}")
+        state = patches.check(patch, copy, 4, patch.installable_diff()).state
+        assert state in ("applies", "drift"), patch.name
+        patches.apply(patch, copy, 4, patch.installable_diff())
+    first = series[0]
+    src = tmp_path / "git-apply"
+    for rel in first.installable_files():
+        target = src / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(site / "pytorch_lightning" / Path(rel).relative_to("src/lightning/pytorch"), target)
+    proc = subprocess.run(["git", "apply", "--check", *(f"--include={f}" for f in first.installable_files()),
+                           str(first.path)], cwd=src, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 def tree(tmp_path, body=ORIGINAL):
@@ -130,13 +191,57 @@ def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
     assert "no longer exists" not in mine.read_text()  # the test environment is untouched
 
 
-def test_a_series_patch_splits_into_installable_sources_and_new_tests():
-    (patch,) = [p for p in patches.series() if p.target == "lightning"]
+LIGHTNING_PATCHES = [p.name for p in patches.series() if p.target == "lightning"]
+
+
+def patched_copy(folder: Path, applied: list) -> Path:
+    """A copy of the installed pytorch_lightning with ``applied`` patched in, to put first on
+    PYTHONPATH (every DDP rank the launcher starts inherits it); the installed one is untouched."""
+    site = Path(metadata.distribution("pytorch_lightning").locate_file(""))
+    shutil.copytree(site / "pytorch_lightning", folder / "pytorch_lightning")
+    for p in applied:
+        patches.apply(p, folder / "pytorch_lightning", 4, p.installable_diff())
+    return folder
+
+
+def run_repro(patch, pythonpath: Path, log_stem: Path):
+    script, *args = patch.repro
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return harness.run([sys.executable, str(ROOT / script), *args], timeout=600, env=env, log_stem=log_stem)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", LIGHTNING_PATCHES)
+def test_lightning_patch_on_top_of_the_series_fixes_its_bug_and_keeps_the_earlier_fixes(tmp_path, name):
+    """Patches 1..k-1 applied: patch k's repro is bad; with patch k too, it is good, and the
+    repros of the earlier patches still give their fixed verdict (patch 1 + 2: the #20340 repro
+    stays in sync and the re-wrap scenario of the stress test gives the clear error)."""
+    series = [p for p in patches.series() if p.target == "lightning"]
+    k = [p.name for p in series].index(name)
+    patch, earlier = series[k], series[:k]
+    cells = {c.id: c for c in matrix.load().cells}
+    if metadata.version("pytorch_lightning") not in {cells[c].lightning for c in patch.cells}:
+        pytest.skip(f"the installed Lightning is not a cell of {name}")
+    before = run_repro(patch, patched_copy(tmp_path / "before", earlier), tmp_path / "before")
+    assert before.verdict == patch.headers["X-Expect-Before"], before.reason
+    after_path = patched_copy(tmp_path / "after", [*earlier, patch])
+    after = run_repro(patch, after_path, tmp_path / "after")
+    assert after.verdict == patch.headers["X-Expect-After"], after.reason
+    for e in earlier:
+        still = run_repro(e, after_path, tmp_path / f"after-{e.path.stem}")
+        assert still.verdict == e.headers["X-Expect-After"], (e.name, still.reason)
+    mine = Path(metadata.distribution("pytorch_lightning").locate_file("pytorch_lightning/strategies/ddp.py"))
+    assert "_rewrap_if_trainable_changed" not in mine.read_text()  # the installed Lightning is untouched
+
+
+def test_a_series_patch_splits_into_installable_sources_and_test_changes():
+    (patch,) = patches.named("lightning-ddp-rewrap-on-trainable-change.patch")
     assert set(patch.sections()) == set(patch.files)
     installable = patch.installable_diff()
     assert "src/lightning/pytorch/strategies/ddp.py" in installable
     assert "CHANGELOG" not in installable and "tests/" not in installable
-    assert list(patch.new_tests()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
+    assert list(patch.test_changes()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
     changelog = patch.sections()["src/lightning/pytorch/CHANGELOG.md"]
     assert re.search(r"(?m)^\+- Fixed DDP replicas .*\(\[#20340\]", changelog)
 
@@ -145,7 +250,7 @@ def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch,
     from tools import pr_bundle, results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path)
-    (patch,) = [p for p in patches.series() if p.target == "lightning"]
+    (patch,) = patches.named("lightning-ddp-rewrap-on-trainable-change.patch")
     assert pr_bundle.main([patch.name]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: {patch.name} has not validated: run `nox -s patches` first"]

@@ -38,6 +38,10 @@ def test_recorded_tracebacks_are_classified(stress, fixture, outcome):
      "exists (it was freed), so its gradients cannot be reduced.", "clear_error"),
     ("RuntimeError: The loss graph contains output of another DistributedDataParallel wrapper",
      "clear_error"),
+    ("RuntimeError: The loss holds autograd history built by another DistributedDataParallel wrapper;"
+     " backward would fail with `'NoneType' object has no attribute 'reducer'`", "clear_error"),
+    ("AttributeError: 'NoneType' object has no attribute 'reducer'. This happens when a tensor ...",
+     "signature"),
     ("RuntimeError: Trying to backward through the graph a second time", "other_error"),
     ("torch.distributed.DistBackendError: Watchdog caught collective operation timeout", "peer_failure"),
     ("ValueError: unrelated", "other_error"),

@@ -1,14 +1,18 @@
-"""The patch series in ``patches/``: headers, checks against installed packages, throwaway envs.
+"""The patch series in ``patches/``: headers, checks against installed packages and checkouts.
 
-A patch file is DEP-3 headers (``Description``, ``Bug``, ... and ``X-Target``: ``torch`` or
-``lightning``; ``X-Cells``, ``X-Repro``, ``X-Expect-Before`` / ``X-Expect-After``), a blank line,
-then a unified diff with paths as in the upstream repository (``src/lightning/pytorch/...`` or
-``torch/...``). Applying uses GNU patch without fuzz (the context is minimal, fuzz would let a
-hunk land anywhere); a hunk that applies at an offset is reported as drift.
+A patch file is ``git format-patch`` output (``git am`` and ``git apply`` take it as is): mail
+headers (``From:``, ``Date:``, ``Subject:``), a message whose last paragraph holds the DEP-3 fields
+(``Bug``, ``Forwarded``, ``Origin``, ``Last-Update``, plus ``X-Target``: ``torch`` or ``lightning``;
+``X-Base``: the upstream commit or tag it was made against; ``X-Cells``, ``X-Repro``,
+``X-Expect-Before`` / ``X-Expect-After``, ``X-Tests``), a ``---`` line, then the diff with paths as
+in the upstream repository (``src/lightning/pytorch/...`` or ``torch/...``). The series is quilt's:
+each patch applies on top of the ones before it. Applying uses GNU patch without fuzz (the context
+is minimal, fuzz would let a hunk land anywhere); a hunk that applies at an offset is drift.
 """
 
 from __future__ import annotations
 
+import email
 import re
 import shlex
 import subprocess
@@ -17,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
-REQUIRED = ("Description", "Bug", "X-Target", "X-Repro", "X-Expect-Before", "X-Expect-After")
+REQUIRED = ("Description", "Bug", "Forwarded", "Origin", "Last-Update", "X-Target", "X-Base", "X-Repro",
+            "X-Expect-Before", "X-Expect-After")
+FIELD = re.compile(r"^([A-Za-z][\w-]*): ?(.*)$")
 TARGETS = ("torch", "lightning")
 
 
@@ -60,43 +66,53 @@ class Patch:
                 out[path.group(1)] = piece
         return out
 
-    def installable_diff(self) -> str:
-        """The part of the diff that lands in an installed package: its Python sources only
-        (no tests, no CHANGELOG), as they exist in a wheel."""
+    def installable_files(self) -> list[str]:
+        """The files that land in an installed package: its Python sources only (no tests, no
+        CHANGELOG), as they exist in a wheel."""
         prefix = "torch/" if self.target == "torch" else "src/lightning/pytorch/"
-        return "".join(text for path, text in self.sections().items()
-                       if path.startswith(prefix) and path.endswith(".py"))
+        return [path for path in self.sections() if path.startswith(prefix) and path.endswith(".py")]
 
-    def new_tests(self) -> dict[str, str]:
-        """Test files the patch creates, with their part of the diff."""
-        return {path: text for path, text in self.sections().items()
-                if path.startswith("tests/") and re.search(r"(?m)^--- /dev/null", text)}
+    def installable_diff(self) -> str:
+        sections = self.sections()
+        return "".join(sections[path] for path in self.installable_files())
+
+    def test_changes(self) -> dict[str, str]:
+        """Test files the patch creates or changes, with their part of the diff."""
+        return {path: text for path, text in self.sections().items() if path.startswith("tests/")}
 
 
 def parse(path: Path) -> Patch:
+    name = Path(path).name
     text = Path(path).read_text()
-    head, sep, diff = text.partition("\n\n")
+    if not text.startswith("From "):
+        raise PatchError(f"{name}: not a git format-patch file (no 'From ' line)")
+    message, sep, diff = text.partition("\n---\n")
     if not sep or not re.search(r"^--- ", diff, re.M):
-        raise PatchError(f"{Path(path).name}: no unified diff after the headers")
-    headers: dict[str, str] = {}
+        raise PatchError(f"{name}: no unified diff after the message")
+    mail = email.message_from_string(message)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join((mail["Subject"] or "").split()))
+    if not subject:
+        raise PatchError(f"{name}: no Subject")
+    paragraphs = mail.get_payload().strip().split("\n\n")
+    headers = {"Description": "\n".join([subject, *paragraphs[:-1]]).strip(), "Author": mail["From"] or ""}
     last = None
-    for line in head.splitlines():
+    for line in paragraphs[-1].splitlines():
         if line.startswith((" ", "\t")) and last:
             headers[last] += "\n" + line.strip()
-        elif ":" in line:
-            last, value = (part.strip() for part in line.split(":", 1))
-            headers[last] = value
+        elif FIELD.match(line):
+            last, value = FIELD.match(line).groups()
+            headers[last] = value.strip()
         else:
-            raise PatchError(f"{Path(path).name}: header line without a field: {line[:60]!r}")
-    missing = [h for h in REQUIRED if h not in headers]
+            raise PatchError(f"{name}: a line of the field block is not a field: {line[:60]!r}")
+    missing = [h for h in REQUIRED if not headers.get(h)]
     if missing:
-        raise PatchError(f"{Path(path).name}: missing header {', '.join(missing)}")
+        raise PatchError(f"{name}: missing field {', '.join(missing)}")
     if headers["X-Target"] not in TARGETS:
-        raise PatchError(f"{Path(path).name}: X-Target must be one of {', '.join(TARGETS)}")
+        raise PatchError(f"{name}: X-Target must be one of {', '.join(TARGETS)}")
     files = [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.M)]
     hunks = re.findall(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@", diff, re.M)
     if not files or not hunks:
-        raise PatchError(f"{Path(path).name}: the diff has no file or no hunk")
+        raise PatchError(f"{name}: the diff has no file or no hunk")
     return Patch(Path(path), headers, diff, files)
 
 

@@ -1,9 +1,13 @@
 """``nox -s patches``: does each patch apply, and does it turn its bug from bad into good?
 
-For every patch of ``patches/series`` and every matrix cell it names (``X-Cells``): the cell's
-era-correct environment is the *before*; a throwaway copy of it (a new uv environment, cheap from
-uv's cache) with the patch applied to the installed files is the *after*. The patch's repro runs
-in both through the harness. The user's environments are never modified.
+The series is quilt's: patch k is validated on top of patches 1..k-1. For every patch and every
+matrix cell it names (``X-Cells``): the cell's era-correct environment with the earlier patches
+that target the cell applied is the *before*; the same plus this patch is the *after* (both are
+throwaway uv environments, cheap from uv's cache; the cached cell environment is never modified).
+The patch's repro runs in both through the harness, and the earlier patches' repros run again in
+the *after* environment: the series must stay fixed. With a Lightning checkout (``LIGHTNING_REPO``)
+each Lightning patch is also applied to worktrees at its ``X-Base`` and at master, and Lightning's
+own tests run there: the patch's new tests must fail without it and its test files pass with it.
 
     nox -s patches [-- --patch NAME] [--cell ID]
 
@@ -47,71 +51,102 @@ def run(patch: patches.Patch, python: Path, log_stem: Path) -> harness.RunResult
     return harness.run([str(python), str(ROOT / script), *rest], timeout=600, log_stem=log_stem)
 
 
-def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, log=print) -> dict:
+def patched_env(args: list[str], folder: Path, applied: list[patches.Patch]) -> Path:
+    """A throwaway environment of the cell with ``applied`` patched into its installed files."""
+    python = throwaway(args, folder)
+    for p in applied:
+        patches.apply(p, *patches.installed_root(site_packages(python), p), p.installable_diff())
+    return python
+
+
+def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[patches.Patch],
+             log=print) -> dict:
+    """``earlier``: the patches before this one in the series that target this cell."""
     args = envs.install_args(cell.package, cell.lightning, cell.torch)
-    before_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
-    root, level = patches.installed_root(site_packages(before_py), patch)
-    row = {"patch": patch.name, "cell": cell.id}
+    cell_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
+    row = {"patch": patch.name, "cell": cell.id, "on_top_of": [e.name for e in earlier]}
+    logs = out / "logs" / patch.name / cell.id
     installable = patch.installable_diff()
-    checked = patches.check(patch, root, level, installable)
-    row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
-    before = run(patch, before_py, out / "logs" / patch.name / cell.id / "before")
-    row["before"] = before.verdict
     with tempfile.TemporaryDirectory(prefix="patched-") as tmp:
-        after_py = throwaway(args, Path(tmp) / "venv")
-        if checked.state in ("applies", "drift"):
-            patches.apply(patch, *patches.installed_root(site_packages(after_py), patch), installable)
-        after = run(patch, after_py, out / "logs" / patch.name / cell.id / "after")
-    row["after"] = after.verdict
+        before_py = patched_env(args, Path(tmp) / "before", earlier) if earlier else cell_py
+        checked = patches.check(patch, *patches.installed_root(site_packages(before_py), patch), installable)
+        row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
+        before = run(patch, before_py, logs / "before")
+        fixed = earlier + ([patch] if checked.state in ("applies", "drift") else [])
+        after_py = patched_env(args, Path(tmp) / "after", fixed)
+        after = run(patch, after_py, logs / "after")
+        still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
+    row["before"], row["after"] = before.verdict, after.verdict
     row["after_detail"] = ((after.record or {}).get("details") or {}).get("summary") or after.reason
-    row["upstream_tests"] = upstream_tests(patch, log)
+    row["series_still_fixed"] = still
+    row["checkouts"], row["upstream_tests"] = upstream(patch, log)
     row["ok"] = ("NOT as required" not in row["upstream_tests"]
+                 and "fails" not in row["checkouts"]
                  and checked.state in ("applies", "drift")
                  and before.verdict == patch.headers["X-Expect-Before"]
-                 and after.verdict == patch.headers["X-Expect-After"])
+                 and after.verdict == patch.headers["X-Expect-After"]
+                 and all(still[e.name] == e.headers["X-Expect-After"] for e in earlier))
     log(f"  {patch.name} x {cell.id}: {row['applies']}; before {row['before']}, "
-        f"after {row['after']} ({row['after_detail']})")
+        f"after {row['after']} ({row['after_detail']}); earlier patches still: {still or '-'}")
     return row
 
 
-_UPSTREAM: dict[str, str] = {}  # per patch: the same answer for every cell
+_UPSTREAM: dict[str, tuple[str, str]] = {}  # per patch: the same answer for every cell
 
 
-def upstream_tests(patch: patches.Patch, log=print) -> str:
-    """Lightning's own tests on a patched checkout of master: the patch's new tests must fail
-    without it, and every test file it names (``X-Tests``) must pass with it."""
+def upstream(patch: patches.Patch, log=print) -> tuple[str, str]:
+    """On worktrees of a Lightning checkout, the earlier Lightning patches of the series applied:
+    does the patch apply at its ``X-Base`` and at master; do its new tests fail on master without
+    it, and do the test files it names (``X-Tests``) pass with it?"""
     if patch.target == "torch":
-        return "not run: torch's own test suite is out of scope here"
+        return "not checked: no torch checkout", "not run: torch's own test suite is out of scope here"
     source = os.environ.get("LIGHTNING_REPO")
     if not source:
-        return "skipped: no Lightning checkout configured (LIGHTNING_REPO)"
+        reason = "skipped: no Lightning checkout configured (LIGHTNING_REPO)"
+        return reason, reason
     if patch.name in _UPSTREAM:
         return _UPSTREAM[patch.name]
     from tools import gitrange
 
+    series = patches.series(patch.path.parent)
+    earlier = [p for p in series[:series.index(patch)] if p.target == "lightning"]
     repo = gitrange.open_repo(source, CACHE / "repos")
-    master = gitrange.resolve(repo, "master")
     wt = gitrange.Worktree(repo, CACHE / "worktrees" / "upstream-tests",
                            sparse=("src", "requirements", "tests"))
-    path = wt.checkout(master)
+
+    def at(sha: str) -> Path:
+        path = wt.checkout(sha)
+        for e in earlier:
+            patches.apply(e, path, 1)
+        return path
+
+    states = []
+    for label, ref in (("base", patch.headers["X-Base"]), ("master", "master")):
+        try:
+            checked = patches.check(patch, at(gitrange.resolve(repo, ref)), 1)
+            states.append(f"{label}: {checked.state}" + (f" ({checked.detail})" if checked.detail else ""))
+        except gitrange.BadInput as err:
+            states.append(f"{label}: fails ({err})")
+    master = gitrange.resolve(repo, "master")
+    path = at(master)
     python = envs.ensure(f"upstream-tests-{master[:12]}",
                          envs.era_args([*wt.requirements(), "pytest"], TEST_TORCH,
                                        datetime.fromisoformat(gitrange.commit_info(repo, master).date)),
                          log=log)
-    new = patch.new_tests()
-    named = patch.headers.get("X-Tests", "").split() or [f for f in patch.files if f.startswith("tests/")]
-    # without the fix: only the new test files, applied alone, must fail
-    patches.apply(patch, path, 1, "".join(new.values()))
-    before = pytest_counts(python, path, list(new))
-    wt.checkout(master)
+    tests = patch.test_changes()
+    named = patch.headers.get("X-Tests", "").split() or list(tests)
+    # without the fix: only the patch's test changes, applied alone, must fail
+    patches.apply(patch, path, 1, "".join(tests.values()))
+    before = pytest_counts(python, path, list(tests))
+    path = at(master)
     patches.apply(patch, path, 1)
     after = pytest_counts(python, path, named)
     wt.checkout(master)
     ok = before.get("failed", 0) > 0 and not after.get("failed") and not after.get("error")
-    text = (f"master + new tests: {_fmt(before)}; patched: {_fmt(after)}"
-            f"{'' if ok else ' (NOT as required)'}")
-    _UPSTREAM[patch.name] = text
-    return text
+    text = (f"master + its tests: {_fmt(before)}; patched: {_fmt(after)}"
+             f"{'' if ok else ' (NOT as required)'}")
+    _UPSTREAM[patch.name] = "; ".join(states), text
+    return _UPSTREAM[patch.name]
 
 
 def pytest_counts(python: Path, checkout: Path, files: list[str]) -> dict[str, int]:
@@ -129,11 +164,13 @@ def _fmt(counts: dict[str, int]) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| patch | cell | applies | before | after | upstream tests | ok |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| patch | cell | applies (wheel; checkouts) | before | after | earlier patches still |"
+             " upstream tests | ok |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['patch']} | {r['cell']} | {r['applies']} | {r['before']} | "
-                     f"{r['after']}: {r['after_detail']} | {r['upstream_tests']} | "
+        still = ", ".join(f"{n.split('.')[0]}: {v}" for n, v in r["series_still_fixed"].items()) or "-"
+        lines.append(f"| {r['patch']} | {r['cell']} | {r['applies']}; {r['checkouts']} | {r['before']} | "
+                     f"{r['after']}: {r['after_detail']} | {still} | {r['upstream_tests']} | "
                      f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
@@ -155,11 +192,13 @@ def main(argv=None) -> int:
         return 2
     out = results.run_dir("patches")
     rows = []
+    everything = patches.series()
     for s in chosen:
         for cell_id in s.cells:
             if a.cell and cell_id != a.cell:
                 continue
-            rows.append(validate(s, cells[cell_id], out))
+            earlier = [e for e in everything[:everything.index(s)] if cell_id in e.cells]
+            rows.append(validate(s, cells[cell_id], out, earlier))
             results.write_json(out / "summary.json", rows)
     table = summary(rows)
     results.write_atomic(out / "summary.md", table)
