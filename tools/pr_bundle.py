@@ -35,17 +35,22 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
     issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
     title, *why = patch.headers["Description"].split("\n")
     changelog = re.findall(r"(?m)^\+(- .*)$", patch.sections().get("src/lightning/pytorch/CHANGELOG.md", ""))
-    table = ["| cell | applies | before | after |", "|---|---|---|---|"]
-    table += [f"| {r['cell']} | {r['applies']} | {r['before']} | {r['after']}: {r['after_detail']} |"
-              for r in rows]
+    table = ["| cell | on top of | applies | before | after | earlier fixes still hold |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        on_top = ", ".join(r.get("on_top_of") or []) or "-"
+        still = ", ".join(f"{n}: {v}" for n, v in (r.get("series_still_fixed") or {}).items()) or "-"
+        table.append(f"| {r['cell']} | {on_top} | {r['applies']} | {r['before']} | "
+                     f"{r['after']}: {r['after_detail']} | {still} |")
     tests = sorted({r["upstream_tests"] for r in rows})
     return "\n".join([
         "## What does this PR do?", "", f"Fixes #{issue}", "", f"**{title}**", "",
         "### What was wrong", "", " ".join(why), "",
         "### What changed", "", *[f"- `{f}`" for f in patch.files], "",
         "### Evidence", "",
-        "A two-rank CPU reproduction (`" + " ".join(patch.repro) + "`) on released packages, "
-        "without and with this change (the change applied to a throwaway copy of the install):",
+        "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
+        "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
+        "the series that target the same release):",
         "", *table, "",
         "Lightning's own tests on a patched checkout of master: " + "; ".join(tests), "",
         *(["### Where it came in", "", bisect, ""] if bisect else []),
@@ -78,7 +83,7 @@ def main(argv=None) -> int:
     if patch.target == "lightning" and os.environ.get("LIGHTNING_REPO"):
         results.write_atomic(out / f"0001-{patch.path.stem}.patch", format_patch(patch))
     else:
-        results.write_atomic(out / patch.name, patch.diff)
+        results.write_atomic(out / patch.name, patch.path.read_text())
     print(f"PR bundle: {out}")
     return 0
 
