@@ -115,18 +115,9 @@ def upstream(patch: patches.Patch, log=print) -> tuple[str, str]:
                            sparse=("src", "requirements", "tests"))
 
     def at(sha: str) -> Path:
-        path = wt.checkout(sha)
-        for e in earlier:
-            patches.apply(e, path, 1)
-        return path
+        return on_top_of(wt, sha, earlier)
 
-    states = []
-    for label, ref in (("base", patch.headers["X-Base"]), ("master", "master")):
-        try:
-            checked = patches.check(patch, at(gitrange.resolve(repo, ref)), 1)
-            states.append(f"{label}: {checked.state}" + (f" ({checked.detail})" if checked.detail else ""))
-        except gitrange.BadInput as err:
-            states.append(f"{label}: fails ({err})")
+    states = checkout_states(patch, repo, wt, earlier)
     master = gitrange.resolve(repo, "master")
     path = at(master)
     python = envs.ensure(f"upstream-tests-{master[:12]}",
@@ -145,8 +136,30 @@ def upstream(patch: patches.Patch, log=print) -> tuple[str, str]:
     ok = before.get("failed", 0) > 0 and not after.get("failed") and not after.get("error")
     text = (f"master + its tests: {_fmt(before)}; patched: {_fmt(after)}"
              f"{'' if ok else ' (NOT as required)'}")
-    _UPSTREAM[patch.name] = "; ".join(states), text
+    _UPSTREAM[patch.name] = states, text
     return _UPSTREAM[patch.name]
+
+
+def on_top_of(wt, sha: str, earlier: list[patches.Patch]) -> Path:
+    """The worktree at ``sha`` with ``earlier`` patches applied (any change left before is dropped)."""
+    path = wt.checkout(sha)
+    for e in earlier:
+        patches.apply(e, path, 1)
+    return path
+
+
+def checkout_states(patch: patches.Patch, repo, wt, earlier: list[patches.Patch]) -> str:
+    """Does the patch apply on top of ``earlier`` at its ``X-Base`` and at master?"""
+    from tools import gitrange
+
+    states = []
+    for label, ref in (("base", patch.headers["X-Base"]), ("master", "master")):
+        try:
+            checked = patches.check(patch, on_top_of(wt, gitrange.resolve(repo, ref), earlier), 1)
+            states.append(f"{label}: {checked.state}" + (f" ({checked.detail})" if checked.detail else ""))
+        except (gitrange.BadInput, patches.PatchError) as err:
+            states.append(f"{label}: fails ({err})")
+    return "; ".join(states)
 
 
 def pytest_counts(python: Path, checkout: Path, files: list[str]) -> dict[str, int]:
