@@ -262,4 +262,6 @@ def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch,
     assert pr_bundle.main([patch.name]) == 0
     body = (tmp_path / "pr" / patch.path.stem / "body.md").read_text()
     assert body.startswith("## What does this PR do?\n\nFixes #20340")
+    assert "### What was wrong\n\ntorch's DistributedDataParallel decides once" in body
+    assert "### What changed\n\nThe strategy now remembers which parameters" in body
     assert (tmp_path / "pr" / patch.path.stem / "branch.txt").read_text().startswith("bugfix/20340_")

@@ -55,6 +55,16 @@ def run(outcomes, steps=(1, 1), name="s"):
     return {"scenario": name, "outcomes": list(outcomes), "steps": list(steps), "seconds": 2.0}
 
 
+def test_summary_line_counts_a_clear_error_on_every_rank_as_the_fix(stress):
+    selected = [stress.CATALOGUE["pl_callback_rewraps_mid_fit"]]
+    fixed = run(["clear_error", "clear_error"], name="pl_callback_rewraps_mid_fit")
+    line = stress._summary_line([fixed], selected, ["pl_callback_rewraps_mid_fit"])
+    assert line == "signature in 0/1 runs, clear error in 1/1 (on every rank)"
+    half = run(["clear_error", "peer_failure"], name="pl_callback_rewraps_mid_fit")
+    line = stress._summary_line([half], selected, ["pl_callback_rewraps_mid_fit"])
+    assert line.endswith("clear error in 1/1; expected crash missing: pl_callback_rewraps_mid_fit")
+
+
 def test_expectations(stress):
     both = run(["signature", "signature"])
     one = run(["signature", "peer_failure"])

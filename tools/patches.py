@@ -94,7 +94,9 @@ def parse(path: Path) -> Patch:
     if not subject:
         raise PatchError(f"{name}: no Subject")
     paragraphs = mail.get_payload().strip().split("\n\n")
-    headers = {"Description": "\n".join([subject, *paragraphs[:-1]]).strip(), "Author": mail["From"] or ""}
+    # Description: the subject, then the message's paragraphs (the cause first, then the change)
+    headers = {"Description": "\n".join([subject, "\n\n".join(paragraphs[:-1])]).strip(),
+               "Author": mail["From"] or ""}
     last = None
     for line in paragraphs[-1].splitlines():
         if line.startswith((" ", "\t")) and last:

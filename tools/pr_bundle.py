@@ -33,7 +33,8 @@ def evidence(patch: patches.Patch) -> list[dict]:
 
 def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
     issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
-    title, *why = patch.headers["Description"].split("\n")
+    title, _, text = patch.headers["Description"].partition("\n")
+    cause, *change = [" ".join(p.split()) for p in text.split("\n\n")]
     changelog = re.findall(r"(?m)^\+(- .*)$", patch.sections().get("src/lightning/pytorch/CHANGELOG.md", ""))
     table = ["| cell | on top of | applies | before | after | earlier fixes still hold |",
              "|---|---|---|---|---|---|"]
@@ -45,8 +46,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
     tests = sorted({r["upstream_tests"] for r in rows})
     return "\n".join([
         "## What does this PR do?", "", f"Fixes #{issue}", "", f"**{title}**", "",
-        "### What was wrong", "", " ".join(why), "",
-        "### What changed", "", *[f"- `{f}`" for f in patch.files], "",
+        "### What was wrong", "", cause, "",
+        "### What changed", "", *[p + "\n" for p in change], *[f"- `{f}`" for f in patch.files], "",
         "### Evidence", "",
         "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
         "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
@@ -98,14 +99,14 @@ def format_patch(patch: patches.Patch) -> str:
     wt.checkout(gitrange.resolve(repo, "master"))
     patches.apply(patch, wt.path, 1)
     wt.git.add("-A")
-    title = patch.headers["Description"].split("\n")[0]
+    title, _, text = patch.headers["Description"].partition("\n")
     issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
     # --missing-ok: a snapshot may lack a large file the change does not touch
     tree = wt.git.write_tree("--missing-ok")
     who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
            for what, value in (("NAME", "workspace"), ("EMAIL", "workspace@localhost"))}
     with wt.git.custom_environment(**who):
-        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\nFixes #{issue}")
+        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{text}\n\nFixes #{issue}")
     text = wt.git.format_patch("-1", "--stdout", commit)
     wt.checkout(gitrange.resolve(repo, "master"))
     return text + "\n"
