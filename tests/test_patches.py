@@ -179,8 +179,9 @@ def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     root, level = patches.installed_root(Path(site), patch)
-    assert patches.check(patch, root, level).state in ("applies", "drift")
-    patches.apply(patch, root, level)
+    assert patches.check(patch, root, level, patch.installable_diff()).state in ("applies", "drift")
+    patches.apply(patch, root, level, patch.installable_diff())
+    assert not (Path(site) / "test").exists()  # the patch's own test file is not installed
     after = harness.run([str(venv / "bin" / "python"), *cmd, "--out", str(tmp_path / "after")],
                         timeout=300)
     assert after.verdict == "good", after.reason
@@ -244,6 +245,30 @@ def test_a_series_patch_splits_into_installable_sources_and_test_changes():
     assert list(patch.test_changes()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
     changelog = patch.sections()["src/lightning/pytorch/CHANGELOG.md"]
     assert re.search(r"(?m)^\+- Fixed DDP replicas .*\(\[#20340\]", changelog)
+
+
+def test_the_torch_patch_carries_a_test_in_torchs_layout():
+    (patch,) = [p for p in patches.series() if p.target == "torch"]
+    assert list(patch.test_changes()) == ["test/distributed/test_ddp_sink_freed_module.py"]
+    assert patch.installable_files() == ["torch/nn/parallel/distributed.py"]
+
+
+def test_unittest_counts_read_torch_style_test_files(tmp_path):
+    from tools import validate_patches
+
+    (tmp_path / "t.py").write_text(
+        "import unittest\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_ok(self): pass\n"
+        "    def test_no(self): self.fail()\n"
+        "    def test_err(self): raise KeyError\n"
+        "    @unittest.skip('x')\n"
+        "    def test_skip(self): pass\n"
+        "unittest.main()\n")
+    (tmp_path / "broken.py").write_text("import no_such_module_here\n")
+    counts = validate_patches.unittest_counts(Path(sys.executable), tmp_path, ["t.py"])
+    assert counts == {"passed": 1, "failed": 1, "error": 1, "skipped": 1}
+    assert validate_patches.unittest_counts(Path(sys.executable), tmp_path, ["broken.py"]) == {"error": 1}
 
 
 def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):

@@ -78,7 +78,8 @@ class Patch:
 
     def test_changes(self) -> dict[str, str]:
         """Test files the patch creates or changes, with their part of the diff."""
-        return {path: text for path, text in self.sections().items() if path.startswith("tests/")}
+        folder = "test/" if self.target == "torch" else "tests/"  # each project's own layout
+        return {path: text for path, text in self.sections().items() if path.startswith(folder)}
 
 
 def parse(path: Path) -> Patch:

@@ -79,7 +79,7 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
     row["before"], row["after"] = before.verdict, after.verdict
     row["after_detail"] = ((after.record or {}).get("details") or {}).get("summary") or after.reason
     row["series_still_fixed"] = still
-    row["checkouts"], row["upstream_tests"] = upstream(patch, log)
+    row["checkouts"], row["upstream_tests"] = upstream(patch, cell, log)
     row["ok"] = ("NOT as required" not in row["upstream_tests"]
                  and "fails" not in row["checkouts"]
                  and checked.state in ("applies", "drift")
@@ -94,12 +94,13 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
 _UPSTREAM: dict[str, tuple[str, str]] = {}  # per patch: the same answer for every cell
 
 
-def upstream(patch: patches.Patch, log=print) -> tuple[str, str]:
+def upstream(patch: patches.Patch, cell: matrix.Cell, log=print) -> tuple[str, str]:
     """On worktrees of a Lightning checkout, the earlier Lightning patches of the series applied:
     does the patch apply at its ``X-Base`` and at master; do its new tests fail on master without
-    it, and do the test files it names (``X-Tests``) pass with it?"""
+    it, and do the test files it names (``X-Tests``) pass with it? A torch patch's own tests run
+    on the cell's torch instead (no torch checkout here)."""
     if patch.target == "torch":
-        return "not checked: no torch checkout", "not run: torch's own test suite is out of scope here"
+        return "not checked: no torch checkout", torch_tests(patch, cell, log)
     source = os.environ.get("LIGHTNING_REPO")
     if not source:
         reason = "skipped: no Lightning checkout configured (LIGHTNING_REPO)"
@@ -138,6 +139,44 @@ def upstream(patch: patches.Patch, log=print) -> tuple[str, str]:
              f"{'' if ok else ' (NOT as required)'}")
     _UPSTREAM[patch.name] = states, text
     return _UPSTREAM[patch.name]
+
+
+def torch_tests(patch: patches.Patch, cell: matrix.Cell, log=print) -> str:
+    """The torch patch's test files (torch's own style: ``python test/...py``) on the cell's torch,
+    in two throwaway environments (torch's test helpers need ``expecttest``): they must fail
+    without the fix and pass with it."""
+    tests = patch.test_changes()
+    if not tests:
+        return "not run: the patch has no test"
+    args = [*envs.install_args(cell.package, cell.lightning, cell.torch), "expecttest"]
+    with tempfile.TemporaryDirectory(prefix="torch-tests-") as tmp:
+        tree = Path(tmp) / "tree"
+        tree.mkdir()
+        patches.apply(patch, tree, 1, "".join(tests.values()))
+        before = unittest_counts(patched_env(args, Path(tmp) / "before", []), tree, list(tests))
+        after = unittest_counts(patched_env(args, Path(tmp) / "after", [patch]), tree, list(tests))
+    ok = (before.get("failed", 0) + before.get("error", 0)) > 0 and after.get("passed") and \
+        not after.get("failed") and not after.get("error")
+    return (f"its tests on torch {cell.torch}: {_fmt(before)}; patched: {_fmt(after)}"
+            f"{'' if ok else ' (NOT as required)'}")
+
+
+def unittest_counts(python: Path, tree: Path, files: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rel in files:
+        proc = subprocess.run([str(python), str(tree / rel)], cwd=tree, capture_output=True, text=True,
+                              timeout=1800)
+        ran = re.search(r"^Ran (\d+) tests?", proc.stderr, re.M)
+        bad = {k: int(n) for k, n in re.findall(r"(failures|errors|skipped)=(\d+)", proc.stderr)}
+        n = int(ran.group(1)) if ran else 0
+        failed, error, skipped = bad.get("failures", 0), bad.get("errors", 0), bad.get("skipped", 0)
+        if not ran:  # did not even start: count the file as one error
+            error += 1
+        for key, value in (("passed", n - failed - error - skipped), ("failed", failed),
+                           ("error", error), ("skipped", skipped)):
+            if value > 0:
+                counts[key] = counts.get(key, 0) + value
+    return counts
 
 
 def on_top_of(wt, sha: str, earlier: list[patches.Patch]) -> Path:
