@@ -53,7 +53,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
         "the series that target the same release):",
         "", *table, "",
-        "Lightning's own tests on a patched checkout of master: " + "; ".join(tests), "",
+        ("Lightning's own tests on a patched checkout of master: " if patch.target == "lightning" else
+         "The test this change adds, on released torch without and with the change: ") + "; ".join(tests), "",
         *(["### Where it came in", "", bisect, ""] if bisect else []),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
         "<details><summary>Before submitting</summary>", "",
