@@ -271,6 +271,17 @@ def test_unittest_counts_read_torch_style_test_files(tmp_path):
     assert validate_patches.unittest_counts(Path(sys.executable), tmp_path, ["broken.py"]) == {"error": 1}
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--cell", "pl0_0_0-torch0_0_0"], "error: no patch of the series targets cell 'pl0_0_0-torch0_0_0'"),
+    (["--patch", "nope.patch"], "error: no patch 'nope.patch' in the series"),
+])
+def test_validation_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    from tools import validate_patches
+
+    assert validate_patches.main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
 def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):
     from tools import pr_bundle, results
 
