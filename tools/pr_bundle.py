@@ -100,14 +100,14 @@ def format_patch(patch: patches.Patch) -> str:
     wt.checkout(gitrange.resolve(repo, "master"))
     patches.apply(patch, wt.path, 1)
     wt.git.add("-A")
-    title, _, text = patch.headers["Description"].partition("\n")
+    title, _, why = patch.headers["Description"].partition("\n")
     issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
     # --missing-ok: a snapshot may lack a large file the change does not touch
     tree = wt.git.write_tree("--missing-ok")
     who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
            for what, value in (("NAME", "workspace"), ("EMAIL", "workspace@localhost"))}
     with wt.git.custom_environment(**who):
-        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{text}\n\nFixes #{issue}")
+        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{why}\n\nFixes #{issue}")
     text = wt.git.format_patch("-1", "--stdout", commit)
     wt.checkout(gitrange.resolve(repo, "master"))
     return text + "\n"
