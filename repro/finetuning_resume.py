@@ -10,7 +10,8 @@ parameters trainable again. Verdict:
 
 * bad (1): after the resume the backbone has ``requires_grad=False`` and its weights do not move;
 * good (0): after the resume the backbone is trainable and its weights change;
-* skip (125): could not test (import error, a crash, fit 1 never unfroze the backbone, ...).
+* skip (125): could not test (import error, a crash, fit 1 never unfroze the backbone, the
+  backbone trainable but not moving, ...).
 
 Single process on CPU (the bug does not depend on the strategy). Runs standalone:
 ``python repro/finetuning_resume.py``; the last stdout line is the JSON verdict.
@@ -120,21 +121,32 @@ def main(argv=None) -> None:
         last = str(err).strip().splitlines()[-1:] or [""]
         finish(REPRO, SKIP, None, {**details, "reason": f"run failed: {type(err).__name__}: {last[0]}"},
                import_name)
-    details.update(fit1_backbone_trained=moved(first["start"], first["end"]),
-                   resumed_at_epoch=second.get("first_epoch"),
-                   backbone_trainable_after_resume=second.get("trainable"),
-                   backbone_trained_after_resume="start" in second and moved(second["start"], second["end"]))
+    code, signature, details = judge(args, first, second)
+    finish(REPRO, code, signature, details, import_name)
+
+
+def judge(args, first: dict, second: dict):
+    """Map what the two fits saw to (exit code, signature, details)."""
+    details = {"unfreeze_epoch": args.unfreeze_epoch,
+               "fit1_backbone_trained": moved(first["start"], first["end"]),
+               "resumed_at_epoch": second.get("first_epoch"),
+               "backbone_trainable_after_resume": second.get("trainable"),
+               "backbone_trained_after_resume": "start" in second and moved(second["start"], second["end"])}
     if not details["fit1_backbone_trained"] or "start" not in second:
         details["reason"] = "fit 1 did not train the backbone, or fit 2 did not train at all"
-        finish(REPRO, SKIP, None, details, import_name)
-    if details["backbone_trainable_after_resume"] and details["backbone_trained_after_resume"]:
-        details["summary"] = f"backbone training after resuming at epoch {second['first_epoch']}"
-        finish(REPRO, GOOD, None, details, import_name)
-    details["summary"] = f"backbone frozen after resuming at epoch {second['first_epoch']}"
-    signature = (f"backbone requires_grad={details['backbone_trainable_after_resume']}, weights "
-                 f"{'changed' if details['backbone_trained_after_resume'] else 'unchanged'} after resuming "
-                 f"past the unfreeze epoch {args.unfreeze_epoch}")
-    finish(REPRO, BAD, signature, details, import_name)
+        return SKIP, None, details
+    trainable, trained = details["backbone_trainable_after_resume"], details["backbone_trained_after_resume"]
+    epoch = second["first_epoch"]
+    if trainable and trained:
+        details["summary"] = f"backbone training after resuming at epoch {epoch}"
+        return GOOD, None, details
+    if trainable is False and not trained:  # the signature: frozen again, and it shows
+        details["summary"] = f"backbone frozen after resuming at epoch {epoch}"
+        return BAD, (f"backbone requires_grad=False, weights unchanged after resuming past the "
+                     f"unfreeze epoch {args.unfreeze_epoch}"), details
+    # trainable but not moving (or the reverse): something else is wrong, not this bug
+    details["reason"] = f"after the resume: requires_grad={trainable}, weights changed={trained}"
+    return SKIP, None, details
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -10,6 +11,15 @@ sys.path.insert(0, str(ROOT))
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def load_repro(name: str):
+    """Import ``repro/<name>.py`` as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "repro" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

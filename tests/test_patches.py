@@ -91,7 +91,7 @@ def test_git_am_takes_a_patch_file_as_is(tmp_path):
     assert "inserted" in (repo / "torch" / "m.py").read_text()
 
 
-def test_the_lightning_patches_stack_exactly_on_the_installed_lightning(tmp_path):
+def test_the_lightning_patches_stack_on_the_installed_lightning(tmp_path):
     """Each Lightning patch applies on top of the ones before it (quilt's series) onto a copy of
     the installed sources (made against master, so offsets are allowed); ``git apply`` takes the
     files too."""
@@ -280,6 +280,23 @@ def test_validation_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
     assert validate_patches.main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
+
+
+def test_a_row_that_cannot_be_built_is_a_failed_row_not_a_crash(tmp_path, monkeypatch, capsys):
+    from tools import validate_patches
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
+
+    def earlier_patch_fails(patch, cell, out, earlier, log=print):
+        raise patches.PatchError("lightning-x.patch does not apply: ['1 out of 2 hunks FAILED']")
+
+    monkeypatch.setattr(validate_patches, "validate", earlier_patch_fails)
+    (patch,) = [p for p in patches.series() if p.target == "torch"]
+    assert validate_patches.main(["--patch", patch.name]) == 1
+    rows = json.loads(next(tmp_path.glob("patches/*/summary.json")).read_text())
+    assert [r["cell"] for r in rows] == patch.cells
+    assert all(not r["ok"] and r["applies"].startswith("fails (lightning-x.patch") for r in rows)
+    assert "| NO |" in capsys.readouterr().out
 
 
 def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):

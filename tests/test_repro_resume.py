@@ -2,8 +2,11 @@
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
+from conftest import load_repro
 
 from tools import harness
 
@@ -29,3 +32,21 @@ def test_bad_option_is_a_one_line_error_that_stops_a_bisect(root, tmp_path):
     assert r.code == 128
     assert open(r.stderr_path).read().strip().splitlines() == [
         "error: --unfreeze-epoch must be >= 0 and --more-epochs >= 1"]
+
+
+def judge(trainable, trained):
+    module = load_repro("finetuning_resume")
+    before, after = [torch.zeros(2)], [torch.ones(2)]
+    first = {"start": before, "end": after}
+    second = {"start": before, "end": after if trained else before, "trainable": trainable, "first_epoch": 2}
+    return module.judge(SimpleNamespace(unfreeze_epoch=1), first, second)[0]
+
+
+@pytest.mark.parametrize("trainable, trained, code", [
+    (False, False, 1),  # the signature: frozen again
+    (True, True, 0),
+    (True, False, 125),  # trainable but not moving: some other problem, not this bug
+    (False, True, 125),
+])
+def test_only_a_frozen_backbone_is_bad(trainable, trained, code):
+    assert judge(trainable, trained) == code

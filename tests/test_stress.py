@@ -1,11 +1,11 @@
 """The ddp_weakref stress test (#20706): outcome classification, and real two-rank runs."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_repro
 
 from tools import harness
 
@@ -16,11 +16,7 @@ TRACEBACKS = Path(__file__).parent / "fixtures" / "tracebacks"
 
 @pytest.fixture(scope="module")
 def stress():
-    spec = importlib.util.spec_from_file_location("ddp_weakref_stress", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_repro("ddp_weakref_stress")
 
 
 @pytest.mark.parametrize("fixture, outcome", [

@@ -252,7 +252,14 @@ def main(argv=None) -> int:
         for i, (s, cell_id) in enumerate(work, 1):
             print(f"[{i}/{len(work)}] {s.name} x {cell_id}", flush=True)
             earlier = [e for e in everything[:everything.index(s)] if cell_id in e.cells]
-            rows.append(validate(s, cells[cell_id], out, earlier))
+            try:
+                rows.append(validate(s, cells[cell_id], out, earlier))
+            except patches.PatchError as err:  # e.g. an earlier patch of the series fails here
+                print(f"  {s.name} x {cell_id}: {err}", flush=True)
+                rows.append({"patch": s.name, "cell": cell_id, "on_top_of": [e.name for e in earlier],
+                             "applies": f"fails ({err})", "checkouts": "-", "before": "-", "after": "-",
+                             "after_detail": "not run", "series_still_fixed": {}, "upstream_tests": "-",
+                             "ok": False})
             results.write_json(out / "summary.json", rows)  # a row at a time: an interrupt keeps them
     except KeyboardInterrupt:
         print(f"interrupted: {len(rows)} of {len(work)} rows kept in {out / 'summary.json'}", file=sys.stderr)
