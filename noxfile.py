@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, matrix, results  # noqa: E402
+from tools import cells, envs, matrix, results  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -49,9 +49,14 @@ def summary(session: nox.Session) -> None:
     print(cells.write_summary(latest, MATRIX))
 
 
+def install(session: nox.Session, *args: str) -> None:
+    """``session.install`` with bytecode compiled at install (see tools/envs.py)."""
+    session.install(*args, env=envs.COMPILED)
+
+
 def _tool(session: nox.Session, module: str, **kwargs) -> None:
     """Run one of the tools/ programs with the session's options (they need gitpython)."""
-    session.install(*nox.project.dependency_groups(PYPROJECT, "bisect"))
+    install(session, *nox.project.dependency_groups(PYPROJECT, "bisect"))
     session.run("python", "-m", module, *session.posargs, **kwargs)
 
 
@@ -82,11 +87,11 @@ def pr(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
-    session.install(f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))
+    install(session, f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    install(session, *nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")

@@ -1,7 +1,10 @@
 """Era-correct environments: the arguments, and a real resolution against the package index."""
 
+import json
+import os
 import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -62,3 +65,40 @@ def test_pl_2_0_0_resolves_with_the_setuptools_of_its_time():
     assert Version(pins["setuptools"]) < Version("82")
     assert Version(pins["torchmetrics"]) < Version("1.0")  # 2.0.0's own cap is <0.12
     assert pins["torch"].startswith("2.0.0")
+
+
+def _uncompiled(python: str, modules: list[str]) -> list[str]:
+    """Modules loaded by importing ``modules`` in ``python`` that had to be compiled from source."""
+    code = (
+        "import importlib, json, os, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "loaded = [m for m in list(sys.modules.values()) if getattr(m, '__file__', None)\n"
+        "          and str(m.__file__).endswith('.py') and isinstance(getattr(m, '__cached__', None), str)]\n"
+        "print(json.dumps(sorted(m.__file__ for m in loaded if not os.path.exists(m.__cached__)\n"
+        "                        or os.path.getmtime(m.__cached__) < os.path.getmtime(m.__file__))))\n"
+        "print(len(loaded))\n")
+    proc = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    missing, loaded = proc.stdout.splitlines()
+    assert int(loaded) > 10  # the check looked at real modules
+    return [m for m in json.loads(missing) if sys.base_prefix not in m]  # the interpreter's own
+
+
+def test_the_test_environment_imports_torch_and_lightning_compiled():
+    # made by `nox -s tests` like every environment of the workspace: with PYTHONDONTWRITEBYTECODE=1
+    # (set on these machines) nothing would ever write these files at import time
+    assert _uncompiled(sys.executable, ["torch", "pytorch_lightning"]) == []
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.timeout(300)
+def test_environments_made_by_the_tools_are_compiled(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(envs, "ENVS", tmp_path / "envs")
+    python = envs.ensure("compiled-check", ["packaging"])
+    assert _uncompiled(str(python), ["packaging"]) == []
+    from tools import validate_patches
+
+    python = validate_patches.throwaway(["packaging"], tmp_path / "throwaway")
+    assert _uncompiled(str(python), ["packaging"]) == []

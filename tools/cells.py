@@ -59,7 +59,7 @@ def install(session, cell: Cell, out: Path) -> None:
         record_skip(cell, f"environment: {err}", out)
         session.error(str(err))
     try:
-        session.install(*args)
+        session.install(*args, env=envs.COMPILED)
     except Exception:
         record_skip(cell, "environment: uv could not install it (see the session log)", out)
         raise

@@ -42,7 +42,7 @@ def site_packages(python: Path) -> Path:
 def throwaway(args: list[str], folder: Path) -> Path:
     subprocess.run(["uv", "venv", "--quiet", "--python", "3.11", str(folder)], check=True)
     subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
-                    *args], check=True)
+                    *args], check=True, env=envs.uv_env())
     return folder / "bin" / "python"
 
 
