@@ -84,4 +84,7 @@ def finish(repro, code, signature, details, import_name=None, rank=None):
     sys.stderr.flush()
     if (global_rank() if rank is None else rank) == 0:
         print(json.dumps(record, default=str), flush=True)
+    launch = sys.modules.get("_launch")
+    if launch is not None:  # ranks forked by this process: let them finish first (bounded)
+        launch.join()
     os._exit(code)  # skip interpreter teardown: a half-dead process group must not hang exit

@@ -14,6 +14,12 @@ identical). Verdict:
 Runs standalone (``python repro/backbone_finetuning_ddp.py``), under ``torchrun`` or SLURM
 (Lightning's cluster environments), with ``--accelerator gpu`` for NCCL. Only rank 0 prints the
 verdict line; every rank exits with the same code.
+
+``--launch fork`` (default): the ranks are forked from this process after the imports, with
+torchrun's environment, so Lightning sees an external launcher (the strategy is still the
+reporter's ``ddp``; only who starts the processes changes). ``--launch lightning``: Lightning's
+own launcher starts a new interpreter per extra rank, exactly as in the report. Under an outer
+launcher (torchrun, SLURM) and for ``ddp_spawn`` / ``ddp_fork`` nothing is forked here.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import tempfile
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _launch  # noqa: E402
 from _contract import BAD, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
 
 REPRO = "backbone_finetuning_ddp"
@@ -41,6 +48,9 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv):
     p = _Parser(description=__doc__.split("\n\n")[0], prog="backbone_finetuning_ddp.py")
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    p.add_argument("--launch", choices=("fork", "lightning"), default="fork",
+                   help="who starts the ranks: forks of this process after the imports (fast), "
+                        "or Lightning's launcher (a new interpreter per rank, as in the report)")
     p.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
     p.add_argument("--accumulate", type=int, default=1, metavar="N", help="accumulate_grad_batches")
     p.add_argument("--unfreeze-epoch", type=int, default=3)
@@ -202,10 +212,22 @@ def judge(args, epochs: list[dict]):
     return BAD, signature, details
 
 
+def launch(args) -> str:
+    """Fork the ranks here when ``--launch fork`` applies; returns the launch that is used."""
+    forkable = args.strategy in ("ddp", "ddp_find_unused_parameters_true") and args.num_nodes == 1
+    if _launch.launched_externally():
+        return "external"
+    if args.launch == "fork" and forkable and args.devices > 1:
+        _launch.fork_ranks(args.devices)
+        return "fork"
+    return "lightning"
+
+
 def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if IMPORT_ERROR:
         finish(REPRO, SKIP, None, {"reason": f"import failed: {IMPORT_ERROR}"}, IMPORT_NAME)
+    launched = launch(args)
     fd, result_path = tempfile.mkstemp(prefix="repro-20340-", suffix=".json")
     os.close(fd)
     rank, epochs, failure = None, [], None
@@ -240,6 +262,7 @@ def main(argv=None) -> None:
         finish(REPRO, SKIP, None, {"reason": failure}, IMPORT_NAME, rank)
     code, signature, details = judge(args, epochs)
     details["strategy"] = args.strategy + (" static_graph" if args.static_graph else "")
+    details["launch"] = launched
     finish(REPRO, code, signature, details, IMPORT_NAME, rank)
 
 

@@ -13,6 +13,11 @@ garbage-collector timing that makes it intermittent, and controls that must stay
     python repro/ddp_weakref_stress.py                         # the whole catalogue
     python repro/ddp_weakref_stress.py --scenario pl_second_fit_extra_outputs   # one, for bisects
 
+Runs are forked: this process imports torch and Lightning once, and every run is a fresh fork of
+it (its own process group under the harness) that forks its second rank in turn. The import is
+paid once per catalogue instead of twice per run. ``--fresh-process`` starts a new interpreter
+per rank instead (the faithful mode: each run loads every module anew).
+
 Exit code (the workspace contract): 1 if any run shows the raw signature, 0 if none does, 125 if
 no scenario could run; ``--strict`` also fails (1) when a control is not clean or an expected
 crash does not happen. The last stdout line is the JSON verdict; per-run results are written as
@@ -40,6 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # the workspace: tools.harness bounds every run
+import _launch  # noqa: E402
 from _contract import BAD, FAIL, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
 
 from tools import results  # noqa: E402  (atomic result files, shared with the workspace)
@@ -521,8 +527,28 @@ def worker(args) -> None:
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline and not (Path(args.out) / "rank1.json").exists():
             time.sleep(0.1)
+    elif rank == 0:
+        _launch.join()  # a forked peer (fork mode) records its outcome before the group is killed
     sys.stdout.flush()
     os._exit(0 if not text else 1)
+
+
+def forked_worker(args, name: str, seed: int, folder: Path) -> None:
+    """One run in a fork of the orchestrator: fork the peer rank, then be rank 0."""
+    args = argparse.Namespace(**{**vars(args), "worker": name, "seed": seed, "out": str(folder)})
+    _launch.fork_ranks(2)
+    worker(args)
+
+
+def preload(import_name: str) -> str | None:
+    """Import torch and Lightning once in the orchestrator; None, or why runs must be fresh."""
+    try:
+        import torch  # noqa: F401
+
+        import_lightning(import_name)
+    except Exception as err:  # each run will report its own import failure
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _start_peer():
@@ -558,10 +584,14 @@ def run_one(args, name: str, seed: int, folder: Path) -> dict:
     from tools import harness
 
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--seed", str(seed),
-           "--out", str(folder), "--import-name", args.import_name,
-           "--collective-timeout", str(args.collective_timeout)]
-    result = harness.run(cmd, timeout=args.run_timeout, log_stem=folder / "run", peer_grace=15)
+    if args.fresh_process:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--seed", str(seed),
+               "--out", str(folder), "--import-name", args.import_name,
+               "--collective-timeout", str(args.collective_timeout)]
+        result = harness.run(cmd, timeout=args.run_timeout, log_stem=folder / "run", peer_grace=15)
+    else:
+        result = harness.run_forked(lambda: forked_worker(args, name, seed, folder),
+                                    timeout=args.run_timeout, log_stem=folder / "run", peer_grace=15)
     ranks = {}
     for r in (0, 1):
         path = folder / f"rank{r}.json"
@@ -655,6 +685,12 @@ def orchestrate(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "runs.jsonl"
     jsonl.write_text("")
+    if not args.fresh_process:
+        why = preload(args.import_name)
+        if why:
+            args.fresh_process = True
+            print(f"[stress] preloading failed ({why}): every run in a fresh process",
+                  file=sys.stderr)
     start, runs = time.monotonic(), []
     plan = [(sc, i) for sc in selected for i in range(args.repeat if sc.kind == "gc" else 1)]
     for n, (sc, i) in enumerate(plan, 1):
@@ -681,6 +717,7 @@ def orchestrate(args) -> None:
                "scenarios_with_signature": sorted({r["scenario"] for r in signature_runs}),
                "unmet_expectations": unmet, "results": str(out),
                "summary": _summary_line(runs, selected, unmet),
+               "launch": "fresh-process" if args.fresh_process else "fork",
                "wall_seconds": round(time.monotonic() - start, 1)}
     if not could_run:
         details["reason"] = "no scenario could run (every run failed for other reasons)"
@@ -728,6 +765,8 @@ def parse_args(argv):
                    choices=("auto", "lightning.pytorch", "pytorch_lightning"))
     p.add_argument("--run-timeout", type=float, default=90.0, help="wall-clock limit of one run")
     p.add_argument("--collective-timeout", type=float, default=30.0)
+    p.add_argument("--fresh-process", action="store_true",
+                   help="a new interpreter per rank of every run instead of forks of this process")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in filter(None, [args.scenario, args.worker]):

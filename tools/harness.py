@@ -1,10 +1,12 @@
 """Run one repro in a fresh process group under a hard wall-clock limit.
 
-The repro is started as the leader of a new session. The group is killed (SIGTERM, then SIGKILL)
-when the leader exits, when the time limit passes, or when another member of the group dies and
-the leader does not follow within ``peer_grace`` seconds: a crashed rank never leaves its peer
-blocked in a collective. stdout and stderr are kept in full next to each other; the verdict line
-is parsed and the exit code is mapped onto the contract (see ``tools.contract``).
+The repro is started as the leader of a new session: a new interpreter (``run``), or a fork of
+the calling process (``run_forked``, for a parent that has imported torch and Lightning once).
+The group is killed (SIGTERM, then SIGKILL) when the leader exits, when the time limit passes,
+or when another member of the group dies and the leader does not follow within ``peer_grace``
+seconds: a crashed rank never leaves its peer blocked in a collective. stdout and stderr are
+kept in full next to each other; the verdict line is parsed and the exit code is mapped onto the
+contract (see ``tools.contract``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,7 +70,7 @@ def kill_group(pgid: int, grace: float = 3.0) -> list[int]:
     return sorted(group_members(pgid))
 
 
-def _wait(proc: subprocess.Popen, timeout: float, peer_grace: float, poll: float = 0.1):
+def _wait(proc, timeout: float, peer_grace: float, poll: float = 0.1):
     """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'.
 
     A member that lived at least 2 s and then vanished is taken for a dead rank (short-lived
@@ -101,19 +104,114 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     exception also exits 1). For a user's own script without a verdict line, pass
     ``require_record=False`` and, ideally, ``signature``: a regex that must appear in its output.
     """
+    def start(out, err):
+        return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env=env, cwd=cwd, start_new_session=True)
+
+    return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
+                      require_record=require_record, signature=signature)
+
+
+def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
+               peer_grace: float = 30.0, require_record: bool = True,
+               signature: str | None = None) -> RunResult:
+    """Run ``target()`` in a fork of this process, with the guarantees and judgement of ``run``.
+
+    The fork leads a new session (so the whole group is killed as with ``run``), has stdin on
+    /dev/null and stdout/stderr in the run's own files, and dies with this process. Its exit code
+    is what ``target`` passes to ``sys.exit`` / ``os._exit`` (an uncaught exception: 1, as
+    Python's). A fresh fork for every run: nothing a run does reaches the next one.
+
+    Fork only from a parent that has imported what it needs and done nothing else: no CUDA
+    initialised (a forked child cannot use a CUDA context of its parent), no thread pool started
+    (torch's intra-op threads or any other thread: a fork copies only the forking thread, so a
+    lock held by another thread stays locked forever in the child), no process group initialised.
+    """
+    def start(out, err):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child(target, out, err)
+        return _Forked(pid)
+
+    return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
+                      require_record=require_record, signature=signature)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the process that forked it dies (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child(target, out, err) -> None:
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            target()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int | None):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: B036  (as an uncaught exception in a fresh interpreter)
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+class _Forked:
+    """The parts of ``subprocess.Popen`` the supervision uses, for a forked child."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def _supervise(start, *, timeout, log_stem, peer_grace, require_record, signature) -> RunResult:
     log_stem = Path(log_stem) if log_stem else None
     if log_stem:
         log_stem.parent.mkdir(parents=True, exist_ok=True)
         out_path, err_path = Path(f"{log_stem}.stdout"), Path(f"{log_stem}.stderr")
     else:
         out_path = err_path = None
-    start = time.monotonic()
+    started = time.monotonic()
     out = open(out_path, "w+") if out_path else _temp()
     err = open(err_path, "w+") if err_path else _temp()
     with out, err:
         try:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                    env=env, cwd=cwd, start_new_session=True)
+            proc = start(out, err)
         except OSError as exc:
             return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
         try:
@@ -123,7 +221,7 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
             raise
         leftovers = kill_group(proc.pid)
         proc.wait()
-        seconds = round(time.monotonic() - start, 2)
+        seconds = round(time.monotonic() - started, 2)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()

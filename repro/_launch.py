@@ -1,0 +1,75 @@
+"""Start the ranks of a run by forking this process, as an external launcher would.
+
+``fork_ranks(n)`` is called after torch and Lightning are imported: it forks ranks 1..n-1 from the
+calling process, which becomes rank 0, and gives every rank the environment torchrun gives its
+workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``, ...). Lightning then sees an external
+launcher and starts no interpreter of its own: every rank costs one fork instead of one import.
+
+Fork before anything else happens in the process: no CUDA initialised, no torch operation run
+(its intra-op thread pool would be started, and a fork copies only the calling thread), no
+process group created. Every forked rank is killed by Linux when rank 0 dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import time
+
+_CHILDREN: list[int] = []
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def launched_externally() -> bool:
+    """Does an outer launcher (torchrun, SLURM, MPI, Lightning's own) already run the ranks?"""
+    return any(var in os.environ for var in LAUNCHER_VARS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def fork_ranks(world_size: int) -> int:
+    """Fork ranks 1..world_size-1 of one node; returns this process's rank (0 in the caller)."""
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(world_size), "NODE_RANK": "0",
+            "TORCHELASTIC_RUN_ID": f"fork-{os.getpid()}"}
+    for rank in range(1, world_size):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            _CHILDREN.clear()
+            os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
+            return rank
+        _CHILDREN.append(pid)
+    os.environ.update(base, RANK="0", LOCAL_RANK="0", ROLE_RANK="0")
+    return 0
+
+
+def join(timeout: float = 10.0) -> None:
+    """In rank 0: wait (bounded) for the ranks it forked, so they finish their own teardown."""
+    deadline = time.monotonic() + timeout
+    for pid in _CHILDREN:
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            time.sleep(0.02)
+    _CHILDREN.clear()
