@@ -34,7 +34,8 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
     session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
     cells.install(session, cell, out)
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
-                   opts.timeout, log=session.log, script=opts.script, signature=opts.signature)
+                   opts.timeout, log=session.log, script=opts.script, signature=opts.signature,
+                   fresh_process=opts.fresh_process)
     if cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tools import envs, harness, index, results
 from tools.matrix import ROOT, Cell, Matrix, Repro
+from tools.preloaded import Runner
 
 _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
 _START = time.monotonic()
@@ -22,6 +23,9 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per repro run")
     p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
     p.add_argument("--signature", help="regex the --script output must show to count as bad")
+    p.add_argument("--fresh-process", action="store_true",
+                   help="a new interpreter for every repro run (default: the cell's repros are "
+                        "forks of one process that imported torch and Lightning once)")
     return p.parse_known_args(posargs)
 
 
@@ -76,22 +80,51 @@ def repros_of(matrix: Matrix, script: str | None) -> list[Repro]:
 
 
 def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
-             timeout: float, log=print, script: str | None = None, signature: str | None = None) -> dict:
+             timeout: float, log=print, script: str | None = None, signature: str | None = None,
+             fresh_process: bool = False) -> dict:
+    """Run every repro of the matrix (and ``script``) in the cell's environment ``python``.
+
+    The matrix's own repros share one preloaded runner (``tools/preloaded.py``: torch and
+    Lightning imported once, every repro a fork of it) unless ``fresh_process``; a user's script
+    always gets a fresh interpreter (it may do anything at import). Results are written after
+    every repro.
+    """
     started = time.monotonic()
-    outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args}
+    outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args,
+                     "launch": "fresh-process" if fresh_process else "preloaded"}
     logs = out / "logs" / cell.id
+    jobs = []
     for repro in repros_of(matrix, script):
         own = not repro.name.startswith("script:")
-        args = [a.replace("{out}", str(logs)) for a in repro.args]
-        cmd = [python, str(ROOT / repro.script), *args, *(repro_args if repro.passthrough else [])]
-        res = harness.run(cmd, timeout=timeout, log_stem=logs / repro.name,
-                          require_record=own, signature=None if own else signature)
-        outcome["results"][repro.name] = res.to_dict()
+        args = [a.replace("{out}", str(logs))
+                for a in (*repro.args, *(repro.fresh_args if fresh_process else ()))]
+        jobs.append({"name": repro.name, "argv": [str(ROOT / repro.script), *args,
+                                                  *(repro_args if repro.passthrough else [])],
+                     "timeout": timeout, "log_stem": str(logs / repro.name),
+                     "require_record": own, "signature": None if own else signature})
+    preloaded = [j for j in jobs if j["require_record"] and not fresh_process]
+    fresh = [j for j in jobs if j not in preloaded]
+    by_name = {r.name: r for r in repros_of(matrix, script)}
+
+    def record(name: str, res: harness.RunResult) -> None:
+        outcome["results"][name] = res.to_dict()
         versions = (res.record or {}).get("versions") or {}
         outcome.setdefault("torch_installed", versions.get("torch"))
         outcome.setdefault("lightning_installed", versions.get("lightning"))
-        flag = "" if repro.expect in (None, res.verdict) else f"  (expected {repro.expect})"
-        log(f"  {repro.name}: {results.cell_text(res.to_dict())} [{res.seconds:.1f} s]{flag}")
+        expect = by_name[name].expect
+        flag = "" if expect in (None, res.verdict) else f"  (expected {expect})"
+        log(f"  {name}: {results.cell_text(res.to_dict())} [{res.seconds:.1f} s]{flag}")
+        results.write_json(out / "cells" / f"{cell.id}.json", outcome)
+
+    if preloaded:
+        logs.mkdir(parents=True, exist_ok=True)
+        with Runner(python, stderr=logs / "preloaded.stderr") as runner:
+            for job in preloaded:
+                record(job["name"], runner.run(job))
+    for job in fresh:
+        record(job["name"], harness.run([python, *job["argv"]], timeout=job["timeout"],
+                                        log_stem=job["log_stem"], require_record=job["require_record"],
+                                        signature=job["signature"]))
     outcome["seconds"] = round(time.monotonic() - started, 1)
     _DONE.append(outcome["seconds"])
     results.write_json(out / "cells" / f"{cell.id}.json", outcome)

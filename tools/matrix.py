@@ -26,6 +26,7 @@ class Repro:
     args: tuple[str, ...] = ()
     expect: str | None = None
     passthrough: bool = False  # takes the options given after `nox -s repro --`
+    fresh_args: tuple[str, ...] = ()  # added with `--fresh-process`: new interpreters for its ranks too
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,6 @@ def load(path: Path = DEFAULT) -> Matrix:
     cells = tuple(Cell(pkg, ver, t, ranges.get(ver), includes.get((pkg, ver, t)), i)
                   for i, (pkg, ver, t) in enumerate(keys))
     repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"),
-                         bool(r.get("passthrough")))
+                         bool(r.get("passthrough")), tuple(r.get("fresh_args", ())))
                    for r in data.get("repro", []))
     return Matrix(cells, repros)
