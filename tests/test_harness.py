@@ -47,10 +47,11 @@ def test_timeout_kills_the_whole_group(tmp_path):
 
 @pytest.mark.ddp
 @pytest.mark.timeout(120)
-def test_rank_blocked_in_a_collective_after_rank0_dies_is_ended(tmp_path):
+@pytest.mark.parametrize("launch", [[], ["fork"]], ids=["new_interpreter", "forked_rank"])
+def test_rank_blocked_in_a_collective_after_rank0_dies_is_ended(tmp_path, launch):
     pids = tmp_path / "pid"
     start = time.monotonic()
-    r = harness.run([sys.executable, FIXTURE, "leader-dies", str(pids)], timeout=90,
+    r = harness.run([sys.executable, FIXTURE, "leader-dies", str(pids), *launch], timeout=90,
                     log_stem=tmp_path / "run")
     assert time.monotonic() - start < 60  # ended when the leader died, not at the limit
     assert r.returncode == 1 and (r.code, r.verdict) == (125, "skip")
@@ -61,9 +62,10 @@ def test_rank_blocked_in_a_collective_after_rank0_dies_is_ended(tmp_path):
 
 @pytest.mark.ddp
 @pytest.mark.timeout(120)
-def test_leader_blocked_after_its_peer_died_is_ended(tmp_path):
+@pytest.mark.parametrize("launch", [[], ["fork"]], ids=["new_interpreter", "forked_rank"])
+def test_leader_blocked_after_its_peer_died_is_ended(tmp_path, launch):
     pids = tmp_path / "pid"
-    r = harness.run([sys.executable, FIXTURE, "peer-dies", str(pids)], timeout=90,
+    r = harness.run([sys.executable, FIXTURE, "peer-dies", str(pids), *launch], timeout=90,
                     peer_grace=3)
     assert (r.code, r.reason) == (125, "a rank died and its peer did not exit; process group killed")
     assert r.seconds < 60

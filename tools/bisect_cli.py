@@ -22,10 +22,11 @@ from packaging.version import InvalidVersion, Version
 
 from tools import envs, harness, index, results
 from tools.bisect import Bisector, HarnessFailure, Outcome, State, trials_for
+from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
-OWN_REPROS = {"backbone_finetuning_ddp.py", "ddp_weakref_stress.py"}
+OWN_REPROS = {"backbone_finetuning_ddp.py", "ddp_weakref_stress.py", "finetuning_resume.py"}
 EXIT = {"found": 0, "no-good": 3, "ambiguous": 4}
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -60,6 +61,10 @@ def parse_args(argv):
     p.add_argument("--signature", help="for a user script without verdict line: regex for 'bad'")
     p.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"))
     p.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
+    p.add_argument("--fresh-process", action="store_true",
+                   help="a new interpreter for every run (default: the runs of one candidate, its "
+                        "trials included, are forks of one process that imported torch and "
+                        "Lightning once)")
     argv, rest = list(argv), None
     if "--" in argv:
         cut = argv.index("--")
@@ -85,17 +90,47 @@ def parse_args(argv):
 
 # -- predicates ----------------------------------------------------------------------------
 
+class Runners:
+    """The preloaded runner of the candidate being tested: one import for all its runs."""
+
+    def __init__(self):
+        self.key, self.runner = None, None
+
+    def get(self, key: str, python: Path, env: dict, stderr: Path) -> Runner:
+        if key != self.key:
+            self.close()
+            stderr.parent.mkdir(parents=True, exist_ok=True)
+            self.key, self.runner = key, Runner(python, env=env, stderr=stderr)
+        return self.runner
+
+    def close(self) -> None:
+        if self.runner:
+            self.runner.close()
+        self.key, self.runner = None, None
+
+
+RUNNERS = Runners()
+
+
 def run_repro(args, python: Path, extra_env: dict | None = None, import_name: str | None = None,
-              log_stem: Path | None = None) -> tuple[int, str | None]:
+              log_stem: Path | None = None, candidate: str = "") -> tuple[int, str | None]:
+    """One run of the repro in ``python``. The workspace's own repros run as forks of the
+    candidate's preloaded runner unless ``--fresh-process``; a user's script always runs fresh."""
     import os
 
     own = args.repro.name in OWN_REPROS
-    cmd = [str(python), str(args.repro), *args.repro_args]
+    argv = [str(args.repro), *args.repro_args]
     if own and import_name and "--import-name" not in args.repro_args:
-        cmd += ["--import-name", import_name]
+        argv += ["--import-name", import_name]
     env = {**os.environ, **(extra_env or {})}
-    r = harness.run(cmd, timeout=args.timeout, env=env, log_stem=log_stem, require_record=own,
-                    signature=args.signature)
+    options = {"timeout": args.timeout, "log_stem": log_stem, "require_record": own,
+               "signature": args.signature}
+    if own and not args.fresh_process:
+        runner = RUNNERS.get(f"{python}|{candidate}|{json.dumps(extra_env)}", python, env,
+                             Path(args.out_dir) / "logs" / "preloaded.stderr")
+        r = runner.run({"argv": argv, **options, "log_stem": log_stem and str(log_stem)})
+    else:
+        r = harness.run([str(python), *argv], env=env, **options)
     return r.code, r.reason if r.code != 1 else (r.reason or "bug signature seen")
 
 
@@ -113,7 +148,8 @@ def release_predicate(args, out: Path):
         except envs.EnvError as err:
             return 125, f"[{package} {version}, torch {torch}] environment: {err}"
         code, reason = run_repro(args, python,
-                                 log_stem=out / "logs" / f"{package}-{version}-torch{torch}")
+                                 log_stem=out / "logs" / f"{package}-{version}-torch{torch}",
+                                 candidate=candidate)
         return code, f"[{package} {version}, torch {torch}] {reason or 'clean'}"
     return test
 
@@ -195,7 +231,7 @@ def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
         except envs.EnvError as err:
             return 125, f"environment: {err}"
         return run_repro(args, python, {"PYTHONPATH": str(path / "src")}, "lightning.pytorch",
-                         out / "logs" / sha[:12])
+                         out / "logs" / sha[:12], candidate=sha)
 
     def key(sha: str) -> str:
         return f"{args.repro.name} {' '.join(args.repro_args)}|commit {sha}|torch=={torch}|py{PY}"
@@ -274,6 +310,7 @@ def main(argv=None) -> int:
     try:
         args = parse_args(argv)
         out = Path(args.out) if args.out else results.run_dir("bisect")
+        args.out_dir = str(out)
         log = lambda msg: print(msg, flush=True)  # noqa: E731
         release = commit = None
         status = "found"
@@ -302,6 +339,8 @@ def main(argv=None) -> int:
         print("interrupted: verdicts so far are kept; run the same command to resume",
               file=sys.stderr)
         return 130
+    finally:
+        RUNNERS.close()
     text = report(args, argv, release, commit, time.monotonic() - start)
     data = {"status": status, "argv": argv,
             "releases": release and {"outcome": release["outcome"].to_dict()},

@@ -160,6 +160,9 @@ def _child(target, out, err) -> None:
         os.dup2(devnull, 0)
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
+        # the parent's sys.stdout / sys.stderr may not write to fds 1 and 2 (pytest's capture)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
         try:
             target()
             code = 0
