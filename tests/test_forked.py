@@ -179,3 +179,23 @@ def test_a_failed_preload_runs_each_job_in_a_fresh_interpreter(tmp_path):
         r = runner.run(job(script))
     assert r.code == 0 and r.record["details"]["preloaded"] is False
     assert "import failed (torch: ImportError: no torch here)" in (tmp_path / "runner.stderr").read_text()
+
+
+def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_its_own(tmp_path):
+    import argparse
+
+    from tools import bisect_cli
+
+    script = tmp_path / "finetuning_resume.py"  # a name of the workspace's own repros
+    script.write_text(JOB)
+    args = argparse.Namespace(repro=script, repro_args=[], timeout=60, signature=None,
+                              fresh_process=False, out_dir=str(tmp_path))
+    try:
+        codes = [bisect_cli.run_repro(args, Path(sys.executable), log_stem=tmp_path / f"t{i}",
+                                      candidate=c)[0] for i, c in enumerate(["a", "a", "a", "b"])]
+        runners = [json.loads(Path(tmp_path / f"t{i}.stdout").read_text().splitlines()[-1])
+                   ["details"]["runner"] for i in range(4)]
+    finally:
+        bisect_cli.RUNNERS.close()
+    assert codes == [0, 0, 0, 0]
+    assert runners[0] == runners[1] == runners[2] != runners[3]

@@ -154,8 +154,9 @@ def _child(target, out, err) -> None:
     try:
         os.setsid()
         die_with_parent()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
+        # the signal dispositions of a fresh interpreter, whatever the parent installed
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out.fileno(), 1)
