@@ -14,9 +14,11 @@ process group created. Every forked rank is killed by Linux when rank 0 dies (``
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import socket
+import sys
 import time
 
 _CHILDREN: list[int] = []
@@ -28,36 +30,56 @@ def launched_externally() -> bool:
     return any(var in os.environ for var in LAUNCHER_VARS)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:  # it died before the request: nothing would ever end us
+        os._exit(128 + signal.SIGKILL)
+
+
+def torchrun_env(world_size: int, rank: int, port: int, run_id: str) -> dict[str, str]:
+    """The variables torchrun gives rank ``rank`` of a one-node job."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+            "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(world_size), "NODE_RANK": "0",
+            "TORCHELASTIC_RUN_ID": run_id, "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "ROLE_RANK": str(rank)}
+
+
+def _tell_lightning(rank: int) -> None:
+    """Lightning reads the rank once, when it is imported (``rank_zero_only.rank``): here that
+    was before the fork, so set it as an import under this rank's environment would have."""
+    for name, module in list(sys.modules.items()):
+        if name.endswith("rank_zero") and hasattr(getattr(module, "rank_zero_only", None), "rank"):
+            module.rank_zero_only.rank = rank
 
 
 def fork_ranks(world_size: int) -> int:
     """Fork ranks 1..world_size-1 of one node; returns this process's rank (0 in the caller)."""
-    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-            "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": str(world_size), "NODE_RANK": "0",
-            "TORCHELASTIC_RUN_ID": f"fork-{os.getpid()}"}
-    for rank in range(1, world_size):
+    port, run_id, parent = free_port(), f"fork-{os.getpid()}", os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rank = 0
+    for r in range(1, world_size):
         pid = os.fork()
         if pid == 0:
-            _die_with_parent()
+            _die_with_parent(parent)
             _CHILDREN.clear()
-            os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank))
-            return rank
+            rank = r
+            break
         _CHILDREN.append(pid)
-    os.environ.update(base, RANK="0", LOCAL_RANK="0", ROLE_RANK="0")
-    return 0
+    os.environ.update(torchrun_env(world_size, rank, port, run_id))
+    _tell_lightning(rank)
+    gc.collect()  # every rank starts from a collected heap (see tools/harness.py run_forked)
+    return rank
 
 
 def join(timeout: float = 10.0) -> None:

@@ -554,16 +554,12 @@ def preload(import_name: str) -> str | None:
 def _start_peer():
     """Start rank 1 before importing anything heavy, so both ranks import torch in parallel.
 
-    The variables are those of an external launcher: Lightning then starts no process itself.
+    The variables are torchrun's (as in the forked mode): Lightning starts no process itself.
     """
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
-                      NODE_RANK="0", RANK="0", LOCAL_RANK="0")
-    subprocess.Popen([sys.executable, *sys.argv], env={**os.environ, "RANK": "1", "LOCAL_RANK": "1"})
+    port, run_id = _launch.free_port(), f"fresh-{os.getpid()}"
+    os.environ.update(_launch.torchrun_env(2, 0, port, run_id))
+    subprocess.Popen([sys.executable, *sys.argv],
+                     env={**os.environ, **_launch.torchrun_env(2, 1, port, run_id)})
 
 
 def _teardown_pg():

@@ -115,9 +115,14 @@ def test_forked_ranks_get_torchrun_environment_and_die_with_rank0(tmp_path):
                 "MASTER_PORT", "TORCHELASTIC_RUN_ID"]
         out = {{k: os.environ.get(k) for k in keys}}
         out["pid"] = os.getpid()
-        open(os.path.join({str(tmp_path)!r}, f"rank{{rank}}.json"), "w").write(json.dumps(out))
+        path = os.path.join({str(tmp_path)!r}, f"rank{{rank}}.json")
+        open(path + ".tmp", "w").write(json.dumps(out))
+        os.replace(path + ".tmp", path)
         if rank:
-            time.sleep(600)  # rank 0 leaves without waiting: the other ranks must die with it
+            time.sleep(600)  # rank 0 leaves without joining them: they must die with it
+        others = [os.path.join({str(tmp_path)!r}, f"rank{{r}}.json") for r in (1, 2)]
+        while not all(os.path.exists(o) for o in others):
+            time.sleep(0.05)
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60,
                    env={k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")})
@@ -181,13 +186,15 @@ def test_a_failed_preload_runs_each_job_in_a_fresh_interpreter(tmp_path):
     assert "import failed (torch: ImportError: no torch here)" in (tmp_path / "runner.stderr").read_text()
 
 
-def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_its_own(tmp_path):
+def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_its_own(
+        tmp_path, monkeypatch):
     import argparse
 
     from tools import bisect_cli
 
-    script = tmp_path / "finetuning_resume.py"  # a name of the workspace's own repros
+    script = tmp_path / "job.py"
     script.write_text(JOB)
+    monkeypatch.setattr(bisect_cli, "is_own", lambda path: True)  # as the workspace's repros
     args = argparse.Namespace(repro=script, repro_args=[], timeout=60, signature=None,
                               fresh_process=False, out_dir=str(tmp_path))
     try:

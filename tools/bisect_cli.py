@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools import envs, harness, index, results
+from tools import envs, harness, index, matrix, results
 from tools.bisect import Bisector, HarnessFailure, Outcome, State, trials_for
 from tools.preloaded import Runner
 
@@ -90,6 +90,19 @@ def parse_args(argv):
 
 # -- predicates ----------------------------------------------------------------------------
 
+def is_own(repro: Path) -> bool:
+    """One of the workspace's repros (a verdict line, fine to preload) - not a user's script."""
+    return repro.resolve().parent == ROOT / "repro" and repro.name in OWN_REPROS
+
+
+def fresh_args(repro: Path) -> list[str]:
+    """What the repro needs to start each rank in a new interpreter too (``matrix.toml``)."""
+    for r in matrix.load().repros:
+        if (ROOT / r.script).resolve() == repro.resolve():
+            return list(r.fresh_args)
+    return []
+
+
 class Runners:
     """The preloaded runner of the candidate being tested: one import for all its runs."""
 
@@ -118,8 +131,8 @@ def run_repro(args, python: Path, extra_env: dict | None = None, import_name: st
     candidate's preloaded runner unless ``--fresh-process``; a user's script always runs fresh."""
     import os
 
-    own = args.repro.name in OWN_REPROS
-    argv = [str(args.repro), *args.repro_args]
+    own = is_own(args.repro)
+    argv = [str(args.repro), *args.repro_args, *(fresh_args(args.repro) if args.fresh_process else [])]
     if own and import_name and "--import-name" not in args.repro_args:
         argv += ["--import-name", import_name]
     env = {**os.environ, **(extra_env or {})}
@@ -154,10 +167,15 @@ def release_predicate(args, out: Path):
     return test
 
 
+def mode(args) -> str:
+    """The state keeps the faithful mode's verdicts apart: re-checking with it runs again."""
+    return "|fresh-process" if args.fresh_process else ""
+
+
 def release_key(args, candidate: str) -> str:
     what = (f"{args.package}=={args.lightning}|torch=={candidate}" if args.axis == "torch" else
             f"{args.package}=={candidate}|torch=={args.torch}")
-    return f"{args.repro.name} {' '.join(args.repro_args)}|{what}|py{PY}"
+    return f"{args.repro.name} {' '.join(args.repro_args)}|{what}|py{PY}{mode(args)}"
 
 
 # -- tiers ---------------------------------------------------------------------------------
@@ -234,7 +252,8 @@ def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
                          out / "logs" / sha[:12], candidate=sha)
 
     def key(sha: str) -> str:
-        return f"{args.repro.name} {' '.join(args.repro_args)}|commit {sha}|torch=={torch}|py{PY}"
+        return (f"{args.repro.name} {' '.join(args.repro_args)}|commit {sha}|torch=={torch}|py{PY}"
+                f"{mode(args)}")
 
     state = State(Path(args.state))
     b = Bisector([c.sha for c in candidates], test, key, state, 1, log,

@@ -91,20 +91,23 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
     """
     started = time.monotonic()
     outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args,
-                     "launch": "fresh-process" if fresh_process else "preloaded"}
+                     "launch": "fresh-process" if fresh_process else "preloaded",
+                     "incomplete": True, "seconds": 0.0}
     logs = out / "logs" / cell.id
+    repros = repros_of(matrix, script)
     jobs = []
-    for repro in repros_of(matrix, script):
-        own = not repro.name.startswith("script:")
+    for repro in repros:
+        own = not repro.name.startswith("script:")  # a user's script: no verdict line, run fresh
         args = [a.replace("{out}", str(logs))
                 for a in (*repro.args, *(repro.fresh_args if fresh_process else ()))]
-        jobs.append({"name": repro.name, "argv": [str(ROOT / repro.script), *args,
-                                                  *(repro_args if repro.passthrough else [])],
+        jobs.append({"name": repro.name, "own": own,
+                     "argv": [str(ROOT / repro.script), *args,
+                              *(repro_args if repro.passthrough else [])],
                      "timeout": timeout, "log_stem": str(logs / repro.name),
                      "require_record": own, "signature": None if own else signature})
-    preloaded = [j for j in jobs if j["require_record"] and not fresh_process]
-    fresh = [j for j in jobs if j not in preloaded]
-    by_name = {r.name: r for r in repros_of(matrix, script)}
+    preloaded = [j for j in jobs if j["own"] and not fresh_process]
+    fresh = [j for j in jobs if not (j["own"] and not fresh_process)]
+    by_name = {r.name: r for r in repros}
 
     def record(name: str, res: harness.RunResult) -> None:
         outcome["results"][name] = res.to_dict()
@@ -114,18 +117,22 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
         expect = by_name[name].expect
         flag = "" if expect in (None, res.verdict) else f"  (expected {expect})"
         log(f"  {name}: {results.cell_text(res.to_dict())} [{res.seconds:.1f} s]{flag}")
-        results.write_json(out / "cells" / f"{cell.id}.json", outcome)
+        outcome["seconds"] = round(time.monotonic() - started, 1)
+        results.write_json(out / "cells" / f"{cell.id}.json", outcome)  # nothing lost on Ctrl-C
 
     if preloaded:
         logs.mkdir(parents=True, exist_ok=True)
         with Runner(python, stderr=logs / "preloaded.stderr") as runner:
             for job in preloaded:
                 record(job["name"], runner.run(job))
+                if runner.forked is False:
+                    outcome["launch"] = "fresh-process (the preload failed: see preloaded.stderr)"
     for job in fresh:
         record(job["name"], harness.run([python, *job["argv"]], timeout=job["timeout"],
                                         log_stem=job["log_stem"], require_record=job["require_record"],
                                         signature=job["signature"]))
     outcome["seconds"] = round(time.monotonic() - started, 1)
+    del outcome["incomplete"]
     _DONE.append(outcome["seconds"])
     results.write_json(out / "cells" / f"{cell.id}.json", outcome)
     write_summary(out, matrix, script)

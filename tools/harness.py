@@ -11,6 +11,7 @@ contract (see ``tools.contract``).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -130,40 +131,58 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
     def start(out, err):
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
-            _child(target, out, err)
+        parent = os.getpid()
+        # no Ctrl-C may land between fork and the child's own handlers (it would unwind the
+        # child through this function, the parent's code path)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                _child(target, out, err, parent, mask)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return _Forked(pid)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       require_record=require_record, signature=signature)
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the process that forked it dies (no-op elsewhere)."""
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGKILL this process when ``parent``, which forked it, dies (Linux only).
+
+    If the parent died before the request was made, exit at once: nothing would ever end us.
+    """
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
 
 
-def _child(target, out, err) -> None:
+def _child(target, out, err, parent: int, mask) -> None:
     code = 1
     try:
         os.setsid()
-        die_with_parent()
+        die_with_parent(parent)
         # the signal dispositions of a fresh interpreter, whatever the parent installed
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
+        os.close(devnull)
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         # the parent's sys.stdout / sys.stderr may not write to fds 1 and 2 (pytest's capture)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
+        # a run starts from a collected heap, whatever the parent allocated before forking: the
+        # moment of the next full collection (what the GC-timing scenarios of #20706 turn on)
+        # then depends on the run alone
+        gc.collect()
         try:
             target()
             code = 0

@@ -75,6 +75,7 @@ def serve() -> int:
     # answers go to the original stdout; anything else printed here (an import's message) to stderr
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    os.register_at_fork(after_in_child=answers.close)  # no job or rank holds the answers pipe
     why = preload()
     if why:
         print(f"[preloaded] import failed ({why}): each job runs in a fresh interpreter",
@@ -95,21 +96,27 @@ class Runner:
     def __init__(self, python: str | Path, env: dict | None = None, stderr: Path | None = None):
         self.python, self.env, self.stderr = str(python), env, stderr
         self.proc: subprocess.Popen | None = None
+        self.forked: bool | None = None  # did the last job run as a fork (False: the preload failed)
 
     def run(self, job: dict) -> harness.RunResult:
         first = self.proc is None
-        if first:
-            self._start()
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        line = self._readline(job["timeout"] + 30 + (self.STARTUP if first else 0))
+        try:
+            if first:
+                self._start()
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            line = self._readline(job["timeout"] + 30 + (self.STARTUP if first else 0))
+        except OSError as err:  # could not start it, or it died between two jobs (broken pipe)
+            line, why = "", f"failed: {err}"
+        else:
+            why = None
         if not line:
             code = self.close()
-            why = "did not answer in time" if code is None else f"exited {code}"
+            why = why or ("did not answer in time" if code is None else f"exited {code}")
             return harness.RunResult(contract.FAIL, "error", f"the preloaded runner {why} "
                                      f"(see {self.stderr or 'its stderr'})", 0.0, None)
         answer = json.loads(line)
-        answer.pop("forked", None)
+        self.forked = answer.pop("forked", None)
         return harness.RunResult(**answer)
 
     def _start(self) -> None:
@@ -136,7 +143,10 @@ class Runner:
         if self.proc is None:
             return None
         proc, self.proc = self.proc, None
-        proc.stdin.close()
+        try:
+            proc.stdin.close()
+        except OSError:  # the runner is gone: nothing to flush to
+            pass
         try:
             code = proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -84,6 +84,7 @@ def summary_markdown(cells: list[dict], repros: list[str]) -> str:
                    f"not run: {c['skipped']}", *[""] * (len(repros) - 1), ""]
         else:
             row = [cell["id"], f"{cell['package']} {c.get('lightning_installed') or cell['lightning']}",
-                   torch, *(cell_text(c["results"].get(r)) for r in repros), f"{c['seconds']:.0f}"]
+                   torch, *(cell_text(c["results"].get(r)) for r in repros),
+                   f"{c.get('seconds', 0):.0f}" + (" (interrupted)" if c.get("incomplete") else "")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
