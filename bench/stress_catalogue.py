@@ -28,9 +28,11 @@ def main():
     p.add_argument("--baseline-python", help="interpreter of the --fresh-process runs")
     p.add_argument("--import-name", default="pytorch_lightning")
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--out", help="keep both catalogues' results here (runs.jsonl, summary.md)")
     p.add_argument("stress_args", nargs="*", help="e.g. --quick")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        tmp = a.out or tmp
         fast_out = Path(tmp) / "fast"
         walls = alternate({
             "catalogue, forked runs": {"cmd": [a.python, str(STRESS), *a.stress_args,

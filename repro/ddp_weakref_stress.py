@@ -563,6 +563,12 @@ def _start_peer():
 
 
 def _teardown_pg():
+    """Close this rank's connections, so that a peer blocked in a collective notices at once.
+
+    What the failed scenario built (trainer, DDP wrapper, reducer) may sit in reference cycles
+    that still hold the process group: collect them first, or the sockets stay open.
+    """
+    gc.collect()
     try:
         import torch.distributed as dist
 
@@ -570,6 +576,7 @@ def _teardown_pg():
             dist.destroy_process_group()
     except Exception:
         pass
+    gc.collect()
 
 
 # --------------------------------------------------------------------------------------------
