@@ -37,3 +37,20 @@ def _quiet_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     # results of tests never land in the user's results folder
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path_factory.getbasetemp() / "results"))
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory):
+    """One preloaded runner for the session's repro runs (tools/preloaded.py): torch and
+    Lightning are imported once, every run is a fork, judged by the harness as a fresh one.
+    tests/test_equivalence.py shows it gives the verdicts of new interpreters."""
+    from tools.preloaded import Runner
+
+    with Runner(sys.executable, stderr=tmp_path_factory.mktemp("runner") / "stderr") as r:
+        yield r
+
+
+def run_repro(runner, script: Path, *args: str, log_stem: Path, timeout: float = 240):
+    """``python script args`` as a fork of the session's preloaded runner."""
+    return runner.run({"argv": [str(script), *args], "timeout": timeout,
+                       "log_stem": str(log_stem), "require_record": True, "signature": None})

@@ -1,13 +1,10 @@
 """The ddp_weakref stress test (#20706): outcome classification, and real two-rank runs."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_repro
-
-from tools import harness
+from conftest import load_repro, run_repro
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "repro" / "ddp_weakref_stress.py"
@@ -90,33 +87,32 @@ def test_catalogue_has_what_the_issue_asks(stress):
     assert sum(sc.quick for sc in stress.CATALOGUE.values()) < len(stress.CATALOGUE)
 
 
-def judge(tmp_path, *args):
+def judge(runner, tmp_path, *args):
     out = tmp_path / "out"
-    r = harness.run([sys.executable, str(SCRIPT), "--out", str(out), *args], timeout=280,
-                    log_stem=tmp_path / "run")
+    r = run_repro(runner, SCRIPT, "--out", str(out), *args, log_stem=tmp_path / "run", timeout=280)
     runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()] \
         if (out / "runs.jsonl").exists() else []
     return r, runs, out
 
 
-def test_unknown_scenario_is_a_one_line_error(tmp_path):
-    r, _, _ = judge(tmp_path, "--scenario", "nope")
+def test_unknown_scenario_is_a_one_line_error(runner, tmp_path):
+    r, _, _ = judge(runner, tmp_path, "--scenario", "nope")
     assert r.code == 128
     assert open(r.stderr_path).read().strip() == "error: unknown scenario 'nope' (see --list)"
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
-def test_plain_torch_rewrap_gives_the_signature_on_both_ranks(tmp_path):
-    r, runs, _ = judge(tmp_path, "--scenario", "torch_rewrap_cached_output")
+def test_plain_torch_rewrap_gives_the_signature_on_both_ranks(runner, tmp_path):
+    r, runs, _ = judge(runner, tmp_path, "--scenario", "torch_rewrap_cached_output")
     assert (r.code, r.verdict) == (1, "bad"), r.reason
     assert runs[0]["outcomes"] == ["signature", "signature"]
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
-def test_lightning_second_fit_gives_the_signature_with_lightning_frames(tmp_path):
-    r, runs, out = judge(tmp_path, "--scenario", "pl_second_fit_extra_outputs")
+def test_lightning_second_fit_gives_the_signature_with_lightning_frames(runner, tmp_path):
+    r, runs, out = judge(runner, tmp_path, "--scenario", "pl_second_fit_extra_outputs")
     assert r.code == 1, r.reason
     assert runs[0]["outcomes"] == ["signature", "signature"]
     tb = json.loads((out / "pl_second_fit_extra_outputs-0" / "rank0.json").read_text())["traceback"]
@@ -125,7 +121,7 @@ def test_lightning_second_fit_gives_the_signature_with_lightning_frames(tmp_path
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
-def test_control_without_carrier_is_clean(tmp_path):
-    r, runs, _ = judge(tmp_path, "--scenario", "control_second_fit_no_carrier", "--strict")
+def test_control_without_carrier_is_clean(runner, tmp_path):
+    r, runs, _ = judge(runner, tmp_path, "--scenario", "control_second_fit_no_carrier", "--strict")
     assert (r.code, r.verdict) == (0, "good"), r.reason
     assert runs[0]["outcomes"] == ["ok", "ok"]
