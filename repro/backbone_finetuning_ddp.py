@@ -256,11 +256,16 @@ def main(argv=None) -> None:
     except Exception as err:
         last = str(err).strip().splitlines()[-1:] or [""]
         failure = f"run failed: {type(err).__name__}: {last[0]}"
+        if not epochs and os.path.getsize(result_path):  # ddp_spawn: rank 0 wrote its records
+            with open(result_path) as fh:
+                epochs = json.load(fh)
     finally:
         os.unlink(result_path)
-    if failure:
+    if failure and len(epochs) < args.epochs:
         finish(REPRO, SKIP, None, {"reason": failure}, IMPORT_NAME, rank)
     code, signature, details = judge(args, epochs)
+    if failure:  # every epoch was recorded, then a process failed (e.g. a spawned rank at exit)
+        details["after_training"] = failure
     details["strategy"] = args.strategy + (" static_graph" if args.static_graph else "")
     details["launch"] = launched
     finish(REPRO, code, signature, details, IMPORT_NAME, rank)

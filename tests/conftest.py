@@ -54,3 +54,20 @@ def run_repro(runner, script: Path, *args: str, log_stem: Path, timeout: float =
     """``python script args`` as a fork of the session's preloaded runner."""
     return runner.run({"argv": [str(script), *args], "timeout": timeout,
                        "log_stem": str(log_stem), "require_record": True, "signature": None})
+
+
+@pytest.fixture
+def repro(runner, tmp_path):
+    """``repro(name, *args)``: ``python repro/<name>.py args`` in the preloaded runner."""
+    def run(name: str, *args: str):
+        return run_repro(runner, ROOT / "repro" / f"{name}.py", *args, log_stem=tmp_path / "run")
+    return run
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` running (not gone, not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

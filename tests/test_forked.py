@@ -14,19 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 
 from tools import harness, preloaded
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_gone(pid: int, seconds: float = 10.0) -> bool:

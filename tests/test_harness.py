@@ -4,18 +4,11 @@ import sys
 import time
 
 import pytest
+from conftest import alive
 
 from tools import harness
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "dead_peer.py")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def script(tmp_path, body: str) -> list[str]:
@@ -86,3 +79,13 @@ def test_a_users_own_script_is_judged_by_its_signature(tmp_path, extra, code):
     rc = run.main(["--timeout", "240", "--signature", "AssertionError: replicas differ",
                    "--log", str(out), "--", sys.executable, USER_SCRIPT, *extra])
     assert rc == code, open(f"{out}.stderr").read()[-3000:]
+
+
+@pytest.mark.parametrize("signature, code", [("ValueError: the bug", 1), ("not printed", 125)])
+def test_a_signature_printed_before_a_crash_at_exit_still_counts(tmp_path, signature, code):
+    # a run that shows the bug and then aborts at interpreter exit (as torch 2.13 + gloo sometimes
+    # does) is bad only if the signature really was printed; a timeout or a kill never is
+    cmd = script(tmp_path, "import os, sys\nprint('ValueError: the bug', file=sys.stderr, flush=True)\n"
+                           "os.abort()\n")
+    r = harness.run(cmd, timeout=30, require_record=False, signature=signature)
+    assert r.returncode == -6 and r.code == code, r.reason

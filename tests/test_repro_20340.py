@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_repro
 
 from tools import harness
 
@@ -14,11 +13,8 @@ pytestmark = [pytest.mark.ddp, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def run(root, tmp_path, runner):
-    def run(*args):
-        return run_repro(runner, root / "repro" / "backbone_finetuning_ddp.py", *args,
-                         log_stem=tmp_path / "run")
-    return run
+def run(repro):
+    return lambda *args: repro("backbone_finetuning_ddp", *args)
 
 
 def test_unpatched_lightning_diverges_at_the_unfreeze_epoch(run):

@@ -5,17 +5,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import load_repro, run_repro
+from conftest import load_repro
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
-def run(root, tmp_path, runner):
-    def run(*args):
-        return run_repro(runner, root / "repro" / "finetuning_resume.py", *args,
-                         log_stem=tmp_path / "run")
-    return run
+def run(repro):
+    return lambda *args: repro("finetuning_resume", *args)
 
 
 def test_unpatched_lightning_leaves_the_backbone_frozen_after_resuming(run):

@@ -272,7 +272,13 @@ def _judge(rc, why, timeout, stdout, stderr, require_record, signature) -> RunRe
     if why == "peer":
         return result(contract.SKIP, "a rank died and its peer did not exit; process group killed")
     if rc < 0:
-        return result(contract.SKIP, f"killed by {signal.Signals(-rc).name}")
+        died = signal.Signals(-rc).name
+        if signature and record is None and re.search(signature, stdout + stderr):
+            # the bug's signature was printed, then the process died of a signal on its own (torch
+            # 2.13 + gloo sometimes aborts at interpreter exit: "terminate called without an
+            # active exception"): what was seen stands
+            return result(contract.BAD, f"signature /{signature}/ seen; then the process died of {died}")
+        return result(contract.SKIP, f"killed by {died}")
     if record is not None and record.get("exit_code") != rc:
         return result(contract.FAIL, f"verdict line says {record.get('exit_code')}, exit code {rc}")
     if rc == contract.BAD:
