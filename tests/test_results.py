@@ -50,3 +50,12 @@ def test_summary_table_rows_are_cells_and_columns_repros(tmp_path):
     assert rows[2].startswith("| c0 ") and "skip: import failed" in rows[2]
     assert "bad: epoch 3 backbone.bias, backbone.weight" in rows[3] and "| good |" in rows[3]
     assert "not run: outside range" in rows[4]
+
+
+def test_a_cell_interrupted_after_some_repros_is_a_row_with_what_finished(tmp_path):
+    c = cell(0, {"20340": {"verdict": "good"}})
+    c.pop("seconds", None)  # written after the first repro, before the cell's end
+    c["incomplete"] = True
+    results.write_json(tmp_path / "cells" / "c0.json", c)
+    row = results.summary_markdown(results.load_cells(tmp_path), ["20340", "ctl"]).splitlines()[2]
+    assert "| good |" in row and "(interrupted)" in row
