@@ -199,3 +199,26 @@ def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_i
         bisect_cli.RUNNERS.close()
     assert codes == [0, 0, 0, 0]
     assert runners[0] == runners[1] == runners[2] != runners[3]
+
+
+def test_a_runner_and_its_run_die_with_the_process_that_started_them(tmp_path):
+    # a SIGKILLed nox or bisect runs no cleanup: its runner and the run under way must not go on
+    pidfile = tmp_path / "job.pid"
+    job_script = tmp_path / "sleeper.py"
+    job_script.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                          "time.sleep(600)\n")
+    caller = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tools.preloaded import Runner
+        Runner(sys.executable).run({{"argv": [{str(job_script)!r}], "timeout": 600, "log_stem": None}})
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", caller])
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job = int(pidfile.read_text())
+    runner = int(Path(f"/proc/{job}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its ppid
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert wait_gone(runner) and wait_gone(job)

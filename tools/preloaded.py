@@ -72,6 +72,7 @@ def run_job(job: dict, forked: bool) -> harness.RunResult:
 
 
 def serve() -> int:
+    harness.die_with_parent(os.getppid())  # a killed caller (nox, a bisect) leaves no runner behind
     # answers go to the original stdout; anything else printed here (an import's message) to stderr
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
