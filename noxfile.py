@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results  # noqa: E402
+from tools import cells, envs, matrix, results, sessions  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -35,7 +35,7 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
     cells.install(session, cell, out)
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
                    opts.timeout, log=session.log, script=opts.script, signature=opts.signature,
-                   fresh_process=opts.fresh_process)
+                   fresh_process=opts.fresh_process, verdict_line=opts.verdict_line)
     if cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")
@@ -55,16 +55,16 @@ def install(session: nox.Session, *args: str) -> None:
     session.install(*args, env=envs.COMPILED)
 
 
-def _tool(session: nox.Session, module: str, **kwargs) -> None:
-    """Run one of the tools/ programs with the session's options (they need gitpython)."""
+def _tool(session: nox.Session, module: str) -> None:
+    """Run one of the tools/ programs with the session's options; nox exits with its code."""
     install(session, *nox.project.dependency_groups(PYPROJECT, "bisect"))
-    session.run("python", "-m", module, *session.posargs, **kwargs)
+    sessions.run_tool(session, module, session.posargs)
 
 
 @nox.session(python=PYTHON)
 def bisect(session: nox.Session) -> None:
     """Bisect releases, then Lightning commits: `nox -s bisect -- --help`."""
-    _tool(session, "tools.bisect_cli", success_codes=[0, 3, 4])
+    _tool(session, "tools.bisect_cli")
 
 
 @nox.session(python=PYTHON)

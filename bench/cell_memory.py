@@ -1,6 +1,6 @@
 """Peak memory of one matrix cell run the fast way: the preloaded runner and all its forks together.
 
-    python bench/cell_memory.py --python .nox/repro-pl2_6_6-torch2_13_0/bin/python   # goal < 2 GiB
+    python bench/cell_memory.py --python .nox/repro-pl2_6_6_torch2_13_0/bin/python   # goal < 2 GiB
 
 Runs the repros of ``repro/matrix.toml`` in one preloaded runner (as ``nox -s repro`` does) and
 samples, every 50 ms, the proportional set size (PSS, from /proc/<pid>/smaps_rollup: pages shared

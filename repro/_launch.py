@@ -9,6 +9,9 @@ launcher and starts no interpreter of its own: every rank costs one fork instead
 Fork before anything else happens in the process: no CUDA initialised, no torch operation run
 (its intra-op thread pool would be started, and a fork copies only the calling thread), no
 process group created. Every forked rank is killed by Linux when rank 0 dies (``PR_SET_PDEATHSIG``).
+Under the workspace's harness, the forked ranks' pids are declared in the file named by
+``HARNESS_RANKS_FILE``: a forked rank has no rank variables of its own a supervisor could see, and
+the harness ends the run when a declared rank dies and rank 0 does not follow.
 """
 
 from __future__ import annotations
@@ -62,6 +65,16 @@ def _tell_lightning(rank: int) -> None:
             module.rank_zero_only.rank = rank
 
 
+def _declare(pids: list[int]) -> None:
+    path = os.environ.get("HARNESS_RANKS_FILE")
+    if path:
+        try:
+            with open(path, "a") as fh:
+                fh.write("".join(f"{pid}\n" for pid in pids))
+        except OSError:
+            pass  # no supervisor to tell: the run is not under the harness
+
+
 def fork_ranks(world_size: int) -> int:
     """Fork ranks 1..world_size-1 of one node; returns this process's rank (0 in the caller)."""
     port, run_id, parent = free_port(), f"fork-{os.getpid()}", os.getpid()
@@ -76,6 +89,8 @@ def fork_ranks(world_size: int) -> int:
             rank = r
             break
         _CHILDREN.append(pid)
+    if rank == 0:
+        _declare(_CHILDREN)
     os.environ.update(torchrun_env(world_size, rank, port, run_id))
     _tell_lightning(rank)
     gc.collect()  # every rank starts from a collected heap (see tools/harness.py run_forked)

@@ -53,7 +53,7 @@ def runner(tmp_path_factory):
 def run_repro(runner, script: Path, *args: str, log_stem: Path, timeout: float = 240):
     """``python script args`` as a fork of the session's preloaded runner."""
     return runner.run({"argv": [str(script), *args], "timeout": timeout,
-                       "log_stem": str(log_stem), "require_record": True, "signature": None})
+                       "log_stem": str(log_stem), "signature": None})
 
 
 @pytest.fixture

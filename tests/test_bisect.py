@@ -142,7 +142,8 @@ def no_envs(monkeypatch):
 
 def cli(tmp_path, repo_path, *extra):
     return bisect_cli.main(["--tier", "commits", "--repo", str(repo_path), "--torch", "2.13.0",
-                            "--repro", str(FIXTURE), "--state", str(tmp_path / "state.json"),
+                            "--repro", str(FIXTURE), "--signature", "marker: bug",
+                            "--state", str(tmp_path / "state.json"),
                             "--out", str(tmp_path / "out"), *extra])
 
 

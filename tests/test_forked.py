@@ -181,17 +181,16 @@ def test_a_failed_preload_runs_each_job_in_a_fresh_interpreter(tmp_path):
 
 def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_its_own(
         tmp_path, monkeypatch):
-    import argparse
+    import dataclasses
 
     from tools import bisect_cli
 
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    monkeypatch.setattr(bisect_cli, "is_own", lambda path: True)  # as the workspace's repros
-    args = argparse.Namespace(repro=script, repro_args=[], timeout=60, signature=None,
-                              fresh_process=False, out_dir=str(tmp_path))
+    cfg = dataclasses.replace(bisect_cli.parse_args(["--state", str(tmp_path / "s.json")]),
+                              repro=script, preload=True, timeout=60)  # as the workspace's repros
     try:
-        codes = [bisect_cli.run_repro(args, Path(sys.executable), log_stem=tmp_path / f"t{i}",
+        codes = [bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable), log_stem=tmp_path / f"t{i}",
                                       candidate=c)[0] for i, c in enumerate(["a", "a", "a", "b"])]
         runners = [json.loads(Path(tmp_path / f"t{i}.stdout").read_text().splitlines()[-1])
                    ["details"]["runner"] for i in range(4)]

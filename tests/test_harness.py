@@ -4,7 +4,7 @@ import sys
 import time
 
 import pytest
-from conftest import alive
+from conftest import ROOT, alive
 
 from tools import harness
 
@@ -66,6 +66,37 @@ def test_leader_blocked_after_its_peer_died_is_ended(tmp_path, launch):
     assert json.dumps(r.to_dict())  # serialisable for the results files
 
 
+def test_a_helper_process_that_ends_is_not_a_dead_rank(tmp_path):
+    # a script that runs a 3 s helper (a compile step, a git call) and then keeps working
+    cmd = script(tmp_path, "import subprocess, sys, time\n"
+                           "subprocess.run([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
+                           "time.sleep(6)\nprint('done')\n")
+    r = harness.run(cmd, timeout=60, peer_grace=1)
+    assert (r.code, r.verdict) == (0, "good"), r.reason
+
+
+def test_a_rank_declared_by_a_launcher_that_dies_ends_the_run(tmp_path):
+    # a rank forked by the repro (repro/_launch.py) is declared in the harness's ranks file
+    cmd = script(tmp_path, "import os, sys, time\n"
+                           f"sys.path.insert(0, {str(ROOT / 'repro')!r})\nimport _launch\n"
+                           "if _launch.fork_ranks(2) == 1:\n    time.sleep(1)\n    os._exit(3)\n"
+                           "time.sleep(120)\n")
+    r = harness.run(cmd, timeout=100, peer_grace=1)
+    assert r.reason == "a rank died and its peer did not exit; process group killed"
+    assert r.seconds < 30
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_a_healthy_ddp_run_with_dataloader_workers_is_good(tmp_path):
+    # real Lightning DDP, two ranks started by Lightning's launcher, each with 2 loader workers
+    # that end at every epoch end: none of them is a rank
+    r = harness.run([sys.executable, str(ROOT / "tests" / "fixtures" / "loader_workers.py"), "4"],
+                    timeout=200, peer_grace=2, log_stem=tmp_path / "run")
+    assert (r.code, r.verdict) == (0, "good"), (r.reason, open(r.stderr_path).read()[-2000:])
+    assert "trained 4 epochs" in open(r.stdout_path).read()
+
+
 USER_SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "user_hash_check.py")
 
 
@@ -87,5 +118,5 @@ def test_a_signature_printed_before_a_crash_at_exit_still_counts(tmp_path, signa
     # does) is bad only if the signature really was printed; a timeout or a kill never is
     cmd = script(tmp_path, "import os, sys\nprint('ValueError: the bug', file=sys.stderr, flush=True)\n"
                            "os.abort()\n")
-    r = harness.run(cmd, timeout=30, require_record=False, signature=signature)
+    r = harness.run(cmd, timeout=30, signature=signature)
     assert r.returncode == -6 and r.code == code, r.reason

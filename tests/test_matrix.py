@@ -29,8 +29,8 @@ args = ["--x"]
 
 def test_cells_are_the_product_plus_includes_with_k_friendly_ids(tmp_path):
     m = matrix.load(write(tmp_path, MINI))
-    assert [c.id for c in m.cells] == ["pl2_4_0-torch2_4_1", "pl2_4_0-torch2_6_0",
-                                       "lightning2_6_6-torch2_13_0"]
+    assert [c.id for c in m.cells] == ["pl2_4_0_torch2_4_1", "pl2_4_0_torch2_6_0",
+                                       "lightning2_6_6_torch2_13_0"]
     assert all("." not in c.id for c in m.cells)
     assert m.repros[0].args == ("--x",)
 
@@ -50,7 +50,7 @@ def test_unknown_package_is_refused(tmp_path):
 
 def test_default_matrix_covers_the_reported_versions():
     ids = {c.id for c in matrix.load().cells if not c.skip_reason()}
-    assert {"pl2_4_0-torch2_4_1", "pl2_5_0_post0-torch2_6_0", "pl2_6_6-torch2_13_0"} <= ids
+    assert {"pl2_4_0_torch2_4_1", "pl2_5_0_post0_torch2_6_0", "pl2_6_6_torch2_13_0"} <= ids
 
 
 def test_posargs_split_own_flags_from_repro_options():
@@ -58,3 +58,18 @@ def test_posargs_split_own_flags_from_repro_options():
                                       "--timeout", "50"])
     assert opts.include_unsupported and opts.timeout == 50
     assert rest == ["--strategy", "ddp_spawn"]
+
+
+def test_every_cell_id_given_to_k_selects_that_cell_and_no_other(root):
+    # `nox -s repro -k <id as nox -l prints it>`: the first thing a user tries
+    import subprocess
+    import sys
+
+    ids = [c.id for c in matrix.load().cells]
+    for cell_id in ids:
+        out = subprocess.run([sys.executable, "-m", "nox", "-f", str(root / "noxfile.py"), "-l",
+                              "-s", "repro", "-k", cell_id], capture_output=True, text=True,
+                             check=True).stdout
+        selected = [line.split("(", 1)[1].split(")", 1)[0] for line in out.splitlines()
+                    if line.startswith("* repro(")]
+        assert selected == [cell_id]

@@ -1,13 +1,17 @@
 """The bisection engine: ordered candidates, a predicate following the verdict contract.
 
-Independent of what a candidate is (a release, a commit): ``test(candidate)`` returns a contract
-code (0 good, 1 bad, 125 skip, >= 128 stop). Verdicts are cached in a JSON state file after each
-completed step, so an interrupted run resumes without repeating one; an interrupted step records
-nothing. Skipped candidates are stepped around as ``git bisect`` does.
+Independent of what a candidate is (a release, a commit): ``test(candidate)`` returns
+``(code, reason)`` or ``(code, reason, final)``: a contract code (0 good, 1 bad, 125 skip, >= 128
+stop) and whether it is the repro's own verdict (``final``; a timeout, a kill or an environment
+that could not be made is not, and is tried again next time). Final verdicts are cached in a JSON
+state file after each completed step, so an interrupted run resumes without repeating one; an
+interrupted step records nothing. Several runs may share one state file: each write merges under
+a lock. Skipped candidates are stepped around as ``git bisect`` does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import time
@@ -18,9 +22,7 @@ from pathlib import Path
 from tools import contract
 from tools.results import write_json
 
-
-class HarnessFailure(RuntimeError):
-    """A predicate answered >= 128: the bisect must stop."""
+HarnessFailure = contract.HarnessFailure  # a predicate answered >= 128: the bisect must stop
 
 
 @dataclass
@@ -47,21 +49,74 @@ class Outcome:
 
 
 class State:
-    """Verdicts by key, in a JSON file written atomically after each one."""
+    """Verdicts by key, in a JSON file shared by every run that names it.
+
+    Each ``put`` re-reads the file and merges under an exclusive lock (``<file>.lock``) before
+    writing it atomically: two bisects on one state file never lose each other's verdicts.
+    """
 
     def __init__(self, path: Path | None):
         self.path = Path(path) if path else None
-        self.data: dict = {}
-        if self.path and self.path.exists():
-            self.data = json.loads(self.path.read_text())
+        self.data: dict = self._read() if self.path else {}
+
+    def _read(self) -> dict:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError) as err:
+            raise contract.BadInput(f"state file {self.path}: cannot read it ({err})") from None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise contract.BadInput(f"state file {self.path} is not JSON: move it away or give "
+                                    "another --state") from None
+        problem = _invalid(data)
+        if problem:
+            raise contract.BadInput(f"state file {self.path} is not a bisect state ({problem}): "
+                                    "move it away or give another --state")
+        return data
+
+    def check_writable(self) -> None:
+        """Fail before the first step, not after it (its verdict would be lost)."""
+        if self.path:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self._lock_path(), "a"):
+                    pass
+            except OSError as err:
+                raise contract.BadInput(f"state file {self.path}: cannot write there "
+                                        f"({err.strerror})") from None
+
+    def _lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
 
     def get(self, key: str) -> dict | None:
         return self.data.get(key)
 
     def put(self, key: str, value: dict) -> None:
         self.data[key] = value
-        if self.path:
-            write_json(self.path, self.data)
+        if not self.path:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = {**self._read(), key: value}  # what other runs wrote meanwhile stays
+            write_json(self.path, merged)
+            self.data = {**merged, **self.data}
+
+
+def _invalid(data) -> str | None:
+    """Why ``data`` is not a state (verdicts by key), or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key, entry in data.items():
+        if not (isinstance(entry, dict) and entry.get("verdict") in ("good", "bad", "skip")
+                and isinstance(entry.get("codes"), list)
+                and all(isinstance(c, int) for c in entry["codes"])
+                and isinstance(entry.get("seconds"), int | float)):
+            return f"entry {key[:60]!r} is not a verdict record"
+    return None
 
 
 def combine(codes: Sequence[int]) -> str:
@@ -78,7 +133,7 @@ def trials_for(rate: float, miss: float = 0.01, cap: int = 20) -> int:
     if rate >= 1:
         return 1
     if rate <= 0:
-        raise ValueError("the bug was never reproduced at the bad end")
+        raise contract.BadInput("the bug was never reproduced at the bad end")
     return min(cap, math.ceil(math.log(miss) / math.log(1 - rate)))
 
 
@@ -92,6 +147,7 @@ class Bisector:
         self.trials = trials
         self.log = log
         self.steps: list[Step] = []
+        self.rate: float | None = None  # with --trials auto: the bug's rate at the bad end
         self.started = time.monotonic()
 
     # -- one candidate -------------------------------------------------------------------
@@ -105,25 +161,59 @@ class Bisector:
             self.steps.append(step)
             self.log(f"  {self.label(candidate)}: {step.verdict} (cached)")
             return step.verdict
-        codes, reasons, start = [], [], time.monotonic()
+        codes, reasons, start, final = [], [], time.monotonic(), True
         for _ in range(trials):
-            code, reason = self.test(candidate)
-            if code >= contract.FAIL:
-                raise HarnessFailure(f"{candidate}: {reason or f'exit {code}'}")
+            code, reason, ok = self.run_once(candidate)
             codes.append(code)
             reasons.append(reason)
+            final = final and ok
             if code == contract.BAD:
                 break
         verdict = combine(codes)
         seconds = round(time.monotonic() - start, 1)
         reason = next((r for c, r in zip(codes, reasons, strict=True) if c != contract.GOOD and r),
                       None)
-        self.state.put(key, {"verdict": verdict, "codes": codes, "seconds": seconds,
-                             "reason": reason})
+        if final or verdict == "bad":  # a bad run is the bug seen: final whatever the others did
+            self.state.put(key, {"verdict": verdict, "codes": codes, "seconds": seconds,
+                                 "reason": reason})
+        elif verdict == "skip":
+            reason = f"{reason} (not cached: tried again next time)"
         self.steps.append(Step(candidate, verdict, codes, seconds, False, reason))
         self.log(f"  {self.label(candidate)}: {verdict} ({seconds:.0f} s)"
                  f"{f' - {reason}' if reason else ''}")
         return verdict
+
+    def run_once(self, candidate: str) -> tuple[int, str | None, bool]:
+        answer = self.test(candidate)
+        code, reason, final = (*answer, True) if len(answer) == 2 else answer
+        if code >= contract.FAIL:
+            raise HarnessFailure(f"{candidate}: {reason or f'exit {code}'}")
+        return code, reason, final
+
+    def auto_trials(self, bad: str, runs: int = 5) -> int:
+        """``--trials auto``: run the bad end ``runs`` times (cached like any verdict), estimate
+        the rate p at which the bug shows, and use enough trials per step to miss a bad
+        candidate with probability <= 1 %. Sets ``self.trials`` and ``self.rate``."""
+        key = f"{self.key(bad)}|auto-trials"
+        cached = self.state.get(key)
+        if cached and len(cached["codes"]) >= runs:
+            codes = cached["codes"][:runs]
+        else:
+            codes, start = [], time.monotonic()
+            for _ in range(runs):
+                code, _, final = self.run_once(bad)
+                if not final:
+                    raise HarnessFailure(f"--trials auto: a run at the bad end {bad} could not be "
+                                         "judged (timeout or kill); give --trials N")
+                codes.append(code)
+            self.state.put(key, {"verdict": combine(codes), "codes": codes,
+                                 "seconds": round(time.monotonic() - start, 1), "reason": None})
+        self.rate = codes.count(contract.BAD) / runs
+        self.trials = trials_for(self.rate)
+        self.log(f"[trials auto] bug seen in {codes.count(contract.BAD)}/{runs} runs at "
+                 f"{self.label(bad)}: p = {self.rate:.2f}, N = {self.trials} runs per step "
+                 f"(a bad step is missed with probability {(1 - self.rate) ** self.trials:.3f})")
+        return self.trials
 
     # -- the search ----------------------------------------------------------------------
     def search_good(self, bad: int) -> int | None:
@@ -170,7 +260,7 @@ class Bisector:
         """Verify the ends (or search for a good one), then bisect."""
         self.log(f"[verify] bad end {self.label(self.candidates[bad])}")
         if self.verdict(self.candidates[bad]) != "bad":
-            raise ValueError(f"the bad end {self.candidates[bad]} does not show the bug "
+            raise contract.BadInput(f"the bad end {self.candidates[bad]} does not show the bug "
                              f"({self.steps[-1].verdict}{self._why()})")
         if good is None:
             good = self.search_good(bad)
@@ -179,7 +269,7 @@ class Bisector:
         else:
             self.log(f"[verify] good end {self.label(self.candidates[good])}")
             if self.verdict(self.candidates[good]) != "good":
-                raise ValueError(f"the good end {self.candidates[good]} is not good "
+                raise contract.BadInput(f"the good end {self.candidates[good]} is not good "
                                  f"({self.steps[-1].verdict}{self._why()})")
         return self.bisect(good, bad)
 

@@ -10,32 +10,63 @@ Exit codes: 0 a first bad release/commit was found, 3 no good boundary ("never w
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import platform
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools import envs, harness, index, matrix, results
-from tools.bisect import Bisector, HarnessFailure, Outcome, State, trials_for
+from tools import contract, envs, harness, index, matrix, results
+from tools.bisect import Bisector, Outcome, State
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
-OWN_REPROS = {"backbone_finetuning_ddp.py", "ddp_weakref_stress.py", "finetuning_resume.py"}
 EXIT = {"found": 0, "no-good": 3, "ambiguous": 4}
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-class BadInput(ValueError):
-    pass
+BadInput = contract.BadInput
 
 
-def parse_args(argv):
+@dataclass(frozen=True)
+class Config:
+    """The bisect's options, validated once; nothing changes them afterwards."""
+
+    tier: str
+    axis: str
+    package: str
+    good: str | None
+    bad: str | None
+    oldest: str
+    torch: str
+    lightning: str | None
+    repo: str | None
+    repro: Path
+    repro_args: tuple[str, ...]
+    run_as: str  # "python": run with the candidate's interpreter; "exec": its own #! line
+    verdict_line: bool  # prints the contract's verdict line (else judged by --signature)
+    preload: bool  # one of the workspace's repros: its runs may be forks of a preloaded runner
+    trials: int | str
+    timeout: float
+    signature: str | None
+    state: Path
+    out: Path | None
+    fresh_process: bool
+
+    @property
+    def repro_text(self) -> str:
+        return f"{self.repro.name} {' '.join(self.repro_args)}".strip()
+
+
+def parse_args(argv) -> Config:
     class Parser(argparse.ArgumentParser):
         def error(self, message):
             raise BadInput(message)
@@ -55,10 +86,15 @@ def parse_args(argv):
     p.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
     p.add_argument("--repo", default=None, help="Lightning git repository, path or URL "
                                                 "(default: upstream, cloned once into .cache)")
-    p.add_argument("--repro", default="repro/backbone_finetuning_ddp.py")
+    p.add_argument("--repro", default="repro/backbone_finetuning_ddp.py",
+                   help="a .py file or an executable with a #! line (run with the candidate's "
+                        "environment first on PATH)")
     p.add_argument("--trials", default="1", help="runs per step, or 'auto' (from the bad end's rate)")
     p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of one run")
-    p.add_argument("--signature", help="for a user script without verdict line: regex for 'bad'")
+    p.add_argument("--signature", help="regex for 'bad' in the output of a script without a "
+                                       "verdict line (required for such a script)")
+    p.add_argument("--verdict-line", action="store_true",
+                   help="the --repro prints the contract's verdict line (the workspace's own do)")
     p.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"))
     p.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
     p.add_argument("--fresh-process", action="store_true",
@@ -70,37 +106,66 @@ def parse_args(argv):
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     args = p.parse_args(argv)
-    args.repro_args = rest or []
     repro = Path(args.repro)
     if not repro.is_absolute():
         repro = (ROOT / repro) if (ROOT / repro).exists() else repro.resolve()
-    if not repro.exists():
-        raise BadInput(f"repro not found: {args.repro}")
-    args.repro = repro
-    if args.trials != "auto":
+    run_as = how_to_run(repro, args.repro)
+    own = own_repro(repro)
+    verdict_line = own is not None and own.verdict_line or args.verdict_line
+    if not (verdict_line or args.signature):
+        raise BadInput(f"--repro {args.repro} prints no verdict line: give --signature REGEX (what "
+                       "its output shows when the bug is there), or --verdict-line if it prints "
+                       "the contract's verdict line")
+    contract.check_signature(args.signature)
+    trials = args.trials
+    if trials != "auto":
         try:
-            args.trials = int(args.trials)
-            assert args.trials >= 1
+            trials = int(trials)
+            assert trials >= 1
         except (ValueError, AssertionError):
             raise BadInput("--trials takes a number >= 1 or 'auto'") from None
+    if args.timeout <= 0:
+        raise BadInput("--timeout must be > 0")
     if args.axis == "torch" and not args.lightning:
         raise BadInput("--axis torch needs --lightning VERSION")
-    return args
+    if args.tier == "commits" and not (args.good and args.bad):
+        raise BadInput("a commit bisect needs --good and --bad refs")
+    return Config(args.tier, args.axis, args.package, args.good, args.bad, args.oldest, args.torch,
+                  args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
+                  own is not None, trials, args.timeout, args.signature, Path(args.state),
+                  Path(args.out) if args.out else None, args.fresh_process)
+
+
+def how_to_run(repro: Path, given: str) -> str:
+    """"python" (a .py file or a python #! line) or "exec" (another #! line); else bad input."""
+    if repro.is_dir():
+        raise BadInput(f"--repro {given} is a directory, not a script")
+    if not repro.is_file():
+        raise BadInput(f"repro not found: {given}")
+    try:
+        with open(repro, "rb") as fh:
+            first = fh.readline(256)
+    except OSError as err:
+        raise BadInput(f"--repro {given}: cannot read it ({err.strerror})") from None
+    if first.startswith(b"#!"):
+        if b"python" in first:
+            return "python"
+        if not os.access(repro, os.X_OK):
+            raise BadInput(f"--repro {given} has a #! line but is not executable (chmod +x)")
+        return "exec"
+    if repro.suffix == ".py":
+        return "python"
+    raise BadInput(f"--repro {given}: cannot tell how to run it (not a .py file, no #! line)")
 
 
 # -- predicates ----------------------------------------------------------------------------
 
-def is_own(repro: Path) -> bool:
-    """One of the workspace's repros (a verdict line, fine to preload) - not a user's script."""
-    return repro.resolve().parent == ROOT / "repro" and repro.name in OWN_REPROS
-
-
-def fresh_args(repro: Path) -> list[str]:
-    """What the repro needs to start each rank in a new interpreter too (``matrix.toml``)."""
+def own_repro(repro: Path) -> matrix.Repro | None:
+    """The ``matrix.toml`` entry of one of the workspace's repros, or None for a user's script."""
     for r in matrix.load().repros:
         if (ROOT / r.script).resolve() == repro.resolve():
-            return list(r.fresh_args)
-    return []
+            return r
+    return None
 
 
 class Runners:
@@ -125,71 +190,84 @@ class Runners:
 RUNNERS = Runners()
 
 
-def run_repro(args, python: Path, extra_env: dict | None = None, import_name: str | None = None,
-              log_stem: Path | None = None, candidate: str = "") -> tuple[int, str | None]:
-    """One run of the repro in ``python``. The workspace's own repros run as forks of the
-    candidate's preloaded runner unless ``--fresh-process``; a user's script always runs fresh."""
-    import os
-
-    own = is_own(args.repro)
-    argv = [str(args.repro), *args.repro_args, *(fresh_args(args.repro) if args.fresh_process else [])]
-    if own and import_name and "--import-name" not in args.repro_args:
+def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = None,
+              import_name: str | None = None, log_stem: Path | None = None,
+              candidate: str = "") -> tuple[int, str | None, bool]:
+    """One run of the repro in ``python``'s environment: (code, reason, final). The workspace's
+    own repros run as forks of the candidate's preloaded runner unless ``--fresh-process``; a
+    user's script always runs fresh."""
+    own = own_repro(cfg.repro)
+    argv = [str(cfg.repro), *cfg.repro_args, *(own.fresh_args if own and cfg.fresh_process else ())]
+    if own and import_name and "--import-name" not in cfg.repro_args:
         argv += ["--import-name", import_name]
     env = {**os.environ, **(extra_env or {})}
-    options = {"timeout": args.timeout, "log_stem": log_stem, "require_record": own,
-               "signature": args.signature}
-    if own and not args.fresh_process:
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # `python` is the candidate's
+    options = {"timeout": cfg.timeout, "log_stem": log_stem, "signature": cfg.signature}
+    if cfg.preload and not cfg.fresh_process:
         runner = RUNNERS.get(f"{python}|{candidate}|{json.dumps(extra_env)}", python, env,
-                             Path(args.out_dir) / "logs" / "preloaded.stderr")
+                             out / "logs" / "preloaded.stderr")
         r = runner.run({"argv": argv, **options, "log_stem": log_stem and str(log_stem)})
     else:
-        r = harness.run([str(python), *argv], env=env, **options)
-    return r.code, r.reason if r.code != 1 else (r.reason or "bug signature seen")
+        cmd = [str(python), *argv] if cfg.run_as == "python" else argv
+        r = harness.run(cmd, env=env, **options)
+    return r.code, r.reason if r.code != 1 else (r.reason or "bug signature seen"), r.final
 
 
-def release_predicate(args, out: Path):
+def release_predicate(cfg: Config, out: Path):
     def test(candidate: str):
-        if args.axis == "torch":
-            package, version, torch = args.package, args.lightning, candidate
+        if cfg.axis == "torch":
+            package, version, torch = cfg.package, cfg.lightning, candidate
         else:
-            package, version = args.package, candidate
-            torch = args.torch if args.torch != "auto" else envs.era_torch(
+            package, version = cfg.package, candidate
+            torch = cfg.torch if cfg.torch != "auto" else envs.era_torch(
                 index.release(package, version).uploaded)
+        what = f"[{package} {version}, torch {torch}]"
         try:
             python = envs.ensure(f"{package}-{version}-torch{torch}",
                                  envs.install_args(package, version, torch), log=print)
         except envs.EnvError as err:
-            return 125, f"[{package} {version}, torch {torch}] environment: {err}"
-        code, reason = run_repro(args, python,
-                                 log_stem=out / "logs" / f"{package}-{version}-torch{torch}",
-                                 candidate=candidate)
-        return code, f"[{package} {version}, torch {torch}] {reason or 'clean'}"
+            return 125, f"{what} environment: {err}", False  # offline now, fine later: retried
+        code, reason, final = run_repro(cfg, out, python,
+                                        log_stem=out / "logs" / f"{package}-{version}-torch{torch}",
+                                        candidate=candidate)
+        return code, f"{what} {reason or 'clean'}", final
     return test
 
 
-def mode(args) -> str:
+def mode(cfg: Config) -> str:
     """The state keeps the faithful mode's verdicts apart: re-checking with it runs again."""
-    return "|fresh-process" if args.fresh_process else ""
+    return "|fresh-process" if cfg.fresh_process else ""
 
 
-def release_key(args, candidate: str) -> str:
-    what = (f"{args.package}=={args.lightning}|torch=={candidate}" if args.axis == "torch" else
-            f"{args.package}=={candidate}|torch=={args.torch}")
-    return f"{args.repro.name} {' '.join(args.repro_args)}|{what}|py{PY}{mode(args)}"
+def release_key(cfg: Config, candidate: str) -> str:
+    what = (f"{cfg.package}=={cfg.lightning}|torch=={candidate}" if cfg.axis == "torch" else
+            f"{cfg.package}=={candidate}|torch=={cfg.torch}")
+    return f"{cfg.repro_text}|{what}|py{PY}{mode(cfg)}{signature_key(cfg)}"
+
+
+def signature_key(cfg: Config) -> str:
+    return f"|signature={cfg.signature}" if cfg.signature else ""
 
 
 # -- tiers ---------------------------------------------------------------------------------
 
-def candidate_releases(args) -> list[str]:
-    name = "torch" if args.axis == "torch" else args.package
+def candidate_releases(cfg: Config) -> list[str]:
+    name = "torch" if cfg.axis == "torch" else cfg.package
     found = index.releases(name)
-    oldest = Version(args.oldest) if args.axis == "lightning" else Version("1.13.0")
+    oldest = Version(cfg.oldest) if cfg.axis == "lightning" else Version("1.13.0")
     return [str(v) for v, r in found.items() if v >= oldest and r.installable_on(PY)]
 
 
-def release_tier(args, bisector_log, out: Path) -> tuple[Outcome, list[str], Bisector]:
-    names = candidate_releases(args)
-    for v in filter(None, [args.good, args.bad]):
+def release_ends(cfg: Config) -> tuple[list[str], int | None, int]:
+    """The candidates and the indexes of the given ends, checked before anything runs."""
+    try:
+        Version(cfg.oldest)
+    except InvalidVersion:
+        raise BadInput(f"--oldest {cfg.oldest!r} is not a release version") from None
+    names = candidate_releases(cfg)
+    if not names:
+        raise BadInput(f"no installable release of {cfg.package} since {cfg.oldest}")
+    for v in filter(None, [cfg.good, cfg.bad]):
         try:
             Version(v)
         except InvalidVersion:
@@ -197,34 +275,25 @@ def release_tier(args, bisector_log, out: Path) -> tuple[Outcome, list[str], Bis
         if v not in names:
             raise BadInput(f"unknown or uninstallable release {v!r} (candidates: "
                            f"{names[0]} .. {names[-1]})")
-    bad = names.index(args.bad) if args.bad else len(names) - 1
-    good = names.index(args.good) if args.good else None
+    bad = names.index(cfg.bad) if cfg.bad else len(names) - 1
+    good = names.index(cfg.good) if cfg.good else None
     if good is not None and good >= bad:
         raise BadInput("--good must be older than --bad")
-    state = State(Path(args.state))
-    test = release_predicate(args, out)
-    b = Bisector(names, test, lambda c: release_key(args, c), state, 1, bisector_log)
-    b.trials = pick_trials(args, b, names[bad])
+    return names, good, bad
+
+
+def release_tier(cfg: Config, ends, log, out: Path) -> tuple[Outcome, list[str], Bisector]:
+    names, good, bad = ends
+    b = Bisector(names, release_predicate(cfg, out), lambda c: release_key(cfg, c),
+                 State(cfg.state), 1, log)
+    b.trials = b.auto_trials(names[bad]) if cfg.trials == "auto" else cfg.trials
     return b.run(good, bad), names, b
 
 
-def pick_trials(args, b: Bisector, bad: str) -> int:
-    if args.trials != "auto":
-        return args.trials
-    runs = 5
-    codes = [b.test(bad)[0] for _ in range(runs)]
-    rate = codes.count(1) / runs
-    args.trials_rate = rate
-    n = trials_for(rate)
-    b.log(f"[trials auto] bug seen in {codes.count(1)}/{runs} runs at {bad}: p = {rate:.2f}, "
-          f"N = {n} runs per step (a bad step is missed with probability {(1 - rate) ** n:.3f})")
-    return n
-
-
-def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
+def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path):
     from tools import gitrange
 
-    source = args.repo or gitrange.UPSTREAM
+    source = cfg.repo or gitrange.UPSTREAM
     repo = gitrange.open_repo(source, CACHE / "repos")
     good, bad = gitrange.resolve(repo, good_ref), gitrange.resolve(repo, bad_ref)
     good, bad, notes = gitrange.mainline(repo, good, bad)
@@ -233,34 +302,31 @@ def commit_tier(args, good_ref: str, bad_ref: str, log, out: Path):
         raise BadInput(f"no commits between {good_ref} and {bad_ref} along the first parent")
     candidates = [gitrange.commit_info(repo, good), *commits]
     by_sha = {c.sha: c for c in candidates}
-    wt = gitrange.Worktree(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1])
-    torch = args.torch if args.torch != "auto" else envs.era_torch(
+    # a worktree of its own: a second bisect at the same time takes the next one
+    wt = gitrange.Worktree.claim(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1])
+    torch = cfg.torch if cfg.torch != "auto" else envs.era_torch(
         datetime.fromisoformat(candidates[-1].date))
 
     def test(sha: str):
         path = wt.checkout(sha)
         reqs = wt.requirements()
         moment = datetime.fromisoformat(by_sha[sha].date)
-        import hashlib
-
         key = hashlib.sha256(json.dumps([reqs, torch]).encode()).hexdigest()[:12]
         try:
             python = envs.ensure(f"commit-{key}", envs.era_args(reqs, torch, moment), log=log)
         except envs.EnvError as err:
-            return 125, f"environment: {err}"
-        return run_repro(args, python, {"PYTHONPATH": str(path / "src")}, "lightning.pytorch",
+            return 125, f"environment: {err}", False
+        return run_repro(cfg, out, python, {"PYTHONPATH": str(path / "src")}, "lightning.pytorch",
                          out / "logs" / sha[:12], candidate=sha)
 
     def key(sha: str) -> str:
-        return (f"{args.repro.name} {' '.join(args.repro_args)}|commit {sha}|torch=={torch}|py{PY}"
-                f"{mode(args)}")
+        return f"{cfg.repro_text}|commit {sha}|torch=={torch}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
-    state = State(Path(args.state))
-    b = Bisector([c.sha for c in candidates], test, key, state, 1, log,
+    b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
                  label=lambda sha: by_sha[sha].label)
-    b.trials = args.trials if args.trials != "auto" else pick_trials(args, b, candidates[-1].sha)
+    b.trials = b.auto_trials(candidates[-1].sha) if cfg.trials == "auto" else cfg.trials
     outcome = b.run(0, len(candidates) - 1)
-    return outcome, candidates, notes, torch, source
+    return outcome, candidates, notes, torch, source, b
 
 
 # -- report --------------------------------------------------------------------------------
@@ -272,15 +338,15 @@ def github(source: str | None) -> str | None:
     return src.removesuffix(".git") if src.startswith("https://github.com/") else gitrange.UPSTREAM
 
 
-def report(args, argv, release: dict | None, commit: dict | None, seconds: float) -> str:
+def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds: float) -> str:
     lines = ["## Bisect result", ""]
     cmd = "nox -s bisect -- " + shlex.join(argv)
     if release:
         o = release["outcome"]
-        what = "torch" if args.axis == "torch" else args.package
+        what = "torch" if cfg.axis == "torch" else cfg.package
         if o.status == "no-good":
             lines.append(f"**Bad in every {what} release tested — not a regression in this range** "
-                         f"(searched back from {o.first_bad} to {args.oldest}).")
+                         f"(searched back from {o.first_bad} to {cfg.oldest}).")
         elif o.status == "found":
             lines.append(f"First bad {what} release: **{o.first_bad}** (last good: {o.last_good}).")
         else:
@@ -303,12 +369,14 @@ def report(args, argv, release: dict | None, commit: dict | None, seconds: float
         else:
             lines.append(f"First bad commit is one of: "
                          f"{', '.join(s[:12] for s in [*o.skipped_between, o.first_bad])}")
-    lines += ["", f"Repro: `{args.repro.name} {' '.join(args.repro_args)}`; trials per step: "
-              f"{args.trials}" + (f" (p = {args.trials_rate:.2f} at the bad end)"
-                                  if getattr(args, "trials_rate", None) is not None else ""),
+    torch = commit["torch"] if commit else cfg.torch
+    lines += ["", f"Repro: `{cfg.repro_text}`" +
+              (f", bad when the output matches `/{cfg.signature}/`" if cfg.signature else "") +
+              "; trials per step: " + "; ".join(trials_text(t["bisector"]) for t in
+                                                filter(None, [release, commit])),
               f"Python {platform.python_version()}, "
-              f"torch {args.torch if args.axis != 'torch' else 'bisected'}"
-              f"{f', Lightning {args.lightning}' if args.lightning else ''}; {seconds:.0f} s.",
+              f"torch {torch if cfg.axis != 'torch' else 'bisected'}"
+              f"{f', Lightning {cfg.lightning}' if cfg.lightning else ''}; {seconds:.0f} s.",
               "", "Reproduce the bisect:", "", f"```\n{cmd}\n```", "",
               "<details><summary>Step log</summary>", "",
               "| candidate | verdict | runs | s | cached | note |",
@@ -323,54 +391,72 @@ def report(args, argv, release: dict | None, commit: dict | None, seconds: float
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def trials_text(b: Bisector) -> str:
+    if b.rate is None:
+        return str(b.trials)
+    return (f"N = {b.trials} (auto: the bug showed in p = {b.rate:.2f} of 5 runs at the bad end; "
+            f"a bad step is missed with probability {(1 - b.rate) ** b.trials:.3f})")
+
+
+def bisect(cfg: Config, argv: list[str], log) -> int:
+    """Both tiers; the report written atomically; the exit code of the outcome."""
     start = time.monotonic()
+    state = State(cfg.state)  # a broken state file is bad input, before anything runs
+    state.check_writable()
+    release_ends_ = release_ends(cfg) if cfg.tier in ("releases", "both") else None
+    out = cfg.out or results.run_dir("bisect")
+    release = commit = None
+    status = "found"
     try:
-        args = parse_args(argv)
-        out = Path(args.out) if args.out else results.run_dir("bisect")
-        args.out_dir = str(out)
-        log = lambda msg: print(msg, flush=True)  # noqa: E731
-        release = commit = None
-        status = "found"
-        if args.tier in ("releases", "both"):
-            outcome, names, _ = release_tier(args, log, out)
-            release = {"outcome": outcome, "candidates": names}
+        if release_ends_:
+            outcome, names, b = release_tier(cfg, release_ends_, log, out)
+            release = {"outcome": outcome, "candidates": names, "bisector": b}
             status = outcome.status
-            if args.tier == "both" and outcome.status == "found" and args.axis == "lightning":
-                args.good, args.bad = outcome.last_good, outcome.first_bad
-        if args.tier == "commits" or (args.tier == "both" and status == "found"
-                                      and args.axis == "lightning"):
-            if not (args.good and args.bad):
-                raise BadInput("a commit bisect needs --good and --bad refs")
-            outcome, candidates, notes, torch, source = commit_tier(args, args.good, args.bad, log, out)
-            args.torch = torch
-            commit = {"outcome": outcome, "candidates": candidates, "notes": notes, "source": source}
+        if cfg.tier == "commits":
+            good, bad = cfg.good, cfg.bad
+        elif status == "found" and cfg.axis == "lightning" and cfg.tier == "both":
+            good, bad = release["outcome"].last_good, release["outcome"].first_bad
+        else:
+            good = bad = None
+        if good and bad:
+            outcome, candidates, notes, torch, source, b = commit_tier(cfg, good, bad, log, out)
+            commit = {"outcome": outcome, "candidates": candidates, "notes": notes,
+                      "source": source, "torch": torch, "bisector": b}
             status = outcome.status
-    except (BadInput, index.UnknownRelease, ValueError) as err:
-        # bad options, unknown versions or refs, a missing repo, an end that fails verification
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except HarnessFailure as err:
-        print(f"error: harness failure: {err}", file=sys.stderr)
-        return 128
-    except KeyboardInterrupt:
-        print("interrupted: verdicts so far are kept; run the same command to resume",
-              file=sys.stderr)
-        return 130
     finally:
         RUNNERS.close()
-    text = report(args, argv, release, commit, time.monotonic() - start)
+    text = report(cfg, argv, release, commit, time.monotonic() - start)
     data = {"status": status, "argv": argv,
-            "releases": release and {"outcome": release["outcome"].to_dict()},
+            "releases": release and {"outcome": release["outcome"].to_dict(),
+                                     "trials": release["bisector"].trials,
+                                     "rate": release["bisector"].rate},
             "commits": commit and {"outcome": commit["outcome"].to_dict(),
+                                   "trials": commit["bisector"].trials,
+                                   "rate": commit["bisector"].rate,
                                    "notes": commit["notes"],
                                    "commits": [c.__dict__ for c in commit["candidates"]]}}
-    results.write_atomic(out / "report.md", text)
-    results.write_json(out / "report.json", data)
+    try:
+        results.write_atomic(out / "report.md", text)
+        results.write_json(out / "report.json", data)
+    except OSError as err:
+        print(text)
+        raise BadInput(f"cannot write the report in {out} ({err.strerror}); it is printed above") from None
     print(text)
     print(f"report: {out / 'report.md'}")
     return EXIT[status]
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return contract.run_main(lambda a: bisect(parse_args(a), a, log), argv,
+                                 "interrupted: verdicts so far are kept; run the same command to resume")
+    finally:
+        RUNNERS.close()
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
 
 
 if __name__ == "__main__":

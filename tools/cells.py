@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tools import envs, harness, index, results
+from tools import contract, envs, harness, index, results
 from tools.matrix import ROOT, Cell, Matrix, Repro
 from tools.preloaded import Runner
 
@@ -23,10 +23,24 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per repro run")
     p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
     p.add_argument("--signature", help="regex the --script output must show to count as bad")
+    p.add_argument("--verdict-line", action="store_true",
+                   help="the --script prints the contract's verdict line (then no --signature needed)")
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every repro run (default: the cell's repros are "
                         "forks of one process that imported torch and Lightning once)")
-    return p.parse_known_args(posargs)
+    opts, rest = p.parse_known_args(posargs)
+    if opts.script:
+        script = Path(opts.script)
+        if not script.is_file():
+            p.error(f"--script {opts.script}: {'is a directory' if script.is_dir() else 'not found'}")
+        if not (opts.signature or opts.verdict_line):
+            p.error("--script needs --signature REGEX (what its output shows when the bug is there), "
+                    "or --verdict-line if it prints the contract's verdict line")
+    try:
+        contract.check_signature(opts.signature)
+    except contract.BadInput as err:
+        p.error(str(err))
+    return opts, rest
 
 
 def _clock(seconds: float) -> str:
@@ -73,15 +87,15 @@ def record_skip(cell: Cell, reason: str, out: Path) -> None:
     results.write_json(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
 
 
-def repros_of(matrix: Matrix, script: str | None) -> list[Repro]:
-    extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()), passthrough=True)
-             ] if script else []
+def repros_of(matrix: Matrix, script: str | None, verdict_line: bool = False) -> list[Repro]:
+    extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()), passthrough=True,
+                   verdict_line=verdict_line, preload=False)] if script else []
     return [*matrix.repros, *extra]
 
 
 def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
              timeout: float, log=print, script: str | None = None, signature: str | None = None,
-             fresh_process: bool = False) -> dict:
+             fresh_process: bool = False, verdict_line: bool = False) -> dict:
     """Run every repro of the matrix (and ``script``) in the cell's environment ``python``.
 
     The matrix's own repros share one preloaded runner (``tools/preloaded.py``: torch and
@@ -94,19 +108,18 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
                      "launch": "fresh-process" if fresh_process else "preloaded",
                      "incomplete": True, "seconds": 0.0}
     logs = out / "logs" / cell.id
-    repros = repros_of(matrix, script)
+    repros = repros_of(matrix, script, verdict_line)
     jobs = []
     for repro in repros:
-        own = not repro.name.startswith("script:")  # a user's script: no verdict line, run fresh
         args = [a.replace("{out}", str(logs))
                 for a in (*repro.args, *(repro.fresh_args if fresh_process else ()))]
-        jobs.append({"name": repro.name, "own": own,
+        jobs.append({"name": repro.name, "preload": repro.preload and not fresh_process,
                      "argv": [str(ROOT / repro.script), *args,
                               *(repro_args if repro.passthrough else [])],
                      "timeout": timeout, "log_stem": str(logs / repro.name),
-                     "require_record": own, "signature": None if own else signature})
-    preloaded = [j for j in jobs if j["own"] and not fresh_process]
-    fresh = [j for j in jobs if not (j["own"] and not fresh_process)]
+                     "signature": None if repro.preload else signature})
+    preloaded = [j for j in jobs if j["preload"]]
+    fresh = [j for j in jobs if not j["preload"]]
     by_name = {r.name: r for r in repros}
 
     def record(name: str, res: harness.RunResult) -> None:
@@ -129,8 +142,7 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
                     outcome["launch"] = "fresh-process (the preload failed: see preloaded.stderr)"
     for job in fresh:
         record(job["name"], harness.run([python, *job["argv"]], timeout=job["timeout"],
-                                        log_stem=job["log_stem"], require_record=job["require_record"],
-                                        signature=job["signature"]))
+                                        log_stem=job["log_stem"], signature=job["signature"]))
     outcome["seconds"] = round(time.monotonic() - started, 1)
     del outcome["incomplete"]
     _DONE.append(outcome["seconds"])

@@ -1,11 +1,28 @@
-"""The verdict contract of every repro (``git bisect run``'s exit codes) and its verdict line."""
+"""The verdict contract, in one place: exit codes, the verdict line, the judgement of a run, and
+the errors every program maps onto its exit code.
+
+The codes are defined once, in ``repro/_contract.py`` (the repro scripts stay runnable with plain
+``python``, without this package); everything here takes them from there.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-GOOD, BAD, SKIP, FAIL = 0, 1, 125, 128
-NAMES = {GOOD: "good", BAD: "bad", SKIP: "skip"}
+_spec = importlib.util.spec_from_file_location(
+    "_repro_contract", Path(__file__).resolve().parent.parent / "repro" / "_contract.py")
+_repro = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_repro)
+
+GOOD, BAD, SKIP, FAIL = _repro.GOOD, _repro.BAD, _repro.SKIP, _repro.FAIL
+NAMES = {code: name for code, name in _repro.VERDICTS.items() if code != FAIL}
+USAGE, INTERRUPTED = 2, 130  # the programs' own codes: bad input; Ctrl-C / SIGTERM
 
 
 def name(code: int) -> str:
@@ -26,3 +43,121 @@ def parse_verdict_line(stdout: str) -> dict | None:
             return record
         return None
     return None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    code: int
+    reason: str | None
+    record: dict | None
+    final: bool  # a verdict of the repro itself (good, bad, a skip it declared): fine to cache
+
+
+def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
+          stopped: str | None = None, timeout: float | None = None) -> Judgement:
+    """The verdict of one run: its exit status ``rc`` (negative: killed by that signal), its
+    output, the user's ``signature`` regex, and why the supervisor stopped it (``stopped``:
+    ``"timeout"``, ``"peer"`` or None).
+
+    "bad" only when the bug's signature was seen: a verdict line saying bad, or ``signature``
+    found in the output. Exit 1 without either is an uncaught exception: cannot test. A verdict
+    line that disagrees with itself or with the exit code is an error (the repro is broken).
+    Timeouts, kills and unrelated exit codes are skips that are not final: try again later.
+    """
+    record = parse_verdict_line(stdout)
+
+    def verdict(code, reason=None, final=False):
+        return Judgement(code, reason, record, final)
+
+    seen = bool(signature) and re.search(signature, stdout + stderr) is not None
+    if stopped == "timeout":
+        return verdict(SKIP, f"timed out after {timeout:g} s; process group killed")
+    if stopped == "peer":
+        return verdict(SKIP, "a rank died and its peer did not exit; process group killed")
+    if rc < 0:
+        died = signal.Signals(-rc).name
+        if seen and record is None:
+            # the signature was printed, then the process died of a signal on its own (torch 2.13
+            # + gloo sometimes aborts at interpreter exit: "terminate called without an active
+            # exception"): what was seen stands
+            return verdict(BAD, f"signature /{signature}/ seen; then the process died of {died}", True)
+        return verdict(SKIP, f"killed by {died}")
+    if record is not None:
+        said_code, said = record.get("exit_code"), record.get("verdict")
+        if said_code != rc:
+            return verdict(FAIL, f"verdict line says exit {said_code}, exit code {rc}")
+        if said != _repro.VERDICTS.get(rc, "error"):
+            return verdict(FAIL, f"verdict line says {said!r} with exit code {rc}")
+    if rc == BAD:
+        if signature:
+            return (verdict(BAD, f"signature /{signature}/ seen", True) if seen else
+                    verdict(SKIP, f"exit 1 without the signature /{signature}/: {_tail(stderr)}"))
+        if record is None:
+            return verdict(SKIP, f"exit 1 without a verdict line: {_tail(stderr)}")
+        return verdict(BAD, record.get("signature") or "bug signature seen", True)
+    if rc == GOOD:
+        return verdict(GOOD, None, True)
+    if rc == SKIP:
+        return verdict(SKIP, (record or {}).get("details", {}).get("reason"), True)
+    if rc >= FAIL:
+        return verdict(rc, f"the repro reported a harness failure (exit {rc})")
+    return verdict(SKIP, f"unrelated exit code {rc}: {_tail(stderr)}")
+
+
+def _tail(text: str) -> str:
+    return (text.strip().splitlines() or [""])[-1][:200]
+
+
+def check_signature(signature: str | None) -> str | None:
+    """A ``--signature`` regex, compiled once to reject a bad one before any run."""
+    if signature is not None:
+        try:
+            re.compile(signature)
+        except re.error as err:
+            raise BadInput(f"--signature {signature!r} is not a valid regex: {err}") from None
+    return signature
+
+
+# -- errors and the programs' exit codes ----------------------------------------------------
+
+class Failure(Exception):
+    """An error a program reports in one line and maps onto its exit code."""
+
+    code = FAIL
+    what = "error"
+
+
+class BadInput(Failure, ValueError):
+    """Bad options or input files: nothing was run (exit 2)."""
+
+    code = USAGE
+
+
+class HarnessFailure(Failure):
+    """The harness itself or a repro failed: a bisect must stop (exit 128)."""
+
+    code = FAIL
+    what = "error: harness failure"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so every ``finally`` runs as on Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
+def run_main(main, argv=None, interrupted: str = "interrupted") -> int:
+    """Run a program's ``main(argv)``: errors of the family above as one line and their code,
+    Ctrl-C and SIGTERM as exit 130 after cleanup (both unwind through the program's ``finally``
+    blocks, so the harness kills the run it supervises)."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return main(argv)
+    except Failure as err:
+        print(f"{err.what}: {err}", file=sys.stderr)
+        return err.code
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return INTERRUPTED

@@ -46,7 +46,7 @@ SLACK_DAYS = (0, 7, 30, 90, 365)  # torch's pinned dependencies sometimes came o
 
 def _compile_torch(torch_version: str, cutoff: str) -> subprocess.CompletedProcess:
     py = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    cmd = ["uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate",
+    cmd = [index.uv(), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate",
            "--exclude-newer", cutoff, "--python-version", py]
     return subprocess.run(cmd, input=f"torch=={torch_version}\n", capture_output=True, text=True)
 
@@ -105,8 +105,8 @@ def ensure(name: str, args: list[str], python: str = "3.11", log=None) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     if log:
         log(f"  [env] making {name} (a torch not yet in uv's cache is downloaded first)")
-    steps = [["uv", "venv", "--quiet", "--clear", "--python", python, str(folder)],
-             ["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args]]
+    steps = [[index.uv(), "venv", "--quiet", "--clear", "--python", python, str(folder)],
+             [index.uv(), "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=uv_env())
         if proc.returncode:

@@ -6,12 +6,16 @@ and every step checks out one commit in that clone's own sparse worktree (code f
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
+
+from tools import contract
 
 UPSTREAM = "https://github.com/Lightning-AI/pytorch-lightning"
 SPARSE = ("src", "requirements")
@@ -19,7 +23,7 @@ REQUIREMENTS = ("requirements/pytorch/base.txt", "requirements/fabric/base.txt")
 PR = re.compile(r"\(#(\d+)\)\s*$")
 
 
-class BadInput(ValueError):
+class BadInput(contract.BadInput):
     """A missing repository or an unknown ref (exit 2)."""
 
 
@@ -115,6 +119,23 @@ def commit_info(repo: git.Repo, sha: str) -> Commit:
 
 class Worktree:
     """A detached, sparse worktree of the cache clone, moved from commit to commit."""
+
+    @classmethod
+    def claim(cls, repo: git.Repo, base: Path) -> Worktree:
+        """A worktree no other running bisect uses: ``base-0``, ``base-1``, ... each taken with a
+        lock held until this process ends (a killed run frees its worktree for the next one)."""
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count():
+            path = base.with_name(f"{base.name}-{n}")
+            lock = open(f"{path}.lock", "a")  # noqa: SIM115  (held for the life of the process)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            worktree = cls(repo, path)
+            worktree.lock = lock
+            return worktree
 
     def __init__(self, repo: git.Repo, path: Path, sparse: tuple[str, ...] = SPARSE):
         self.repo, self.path = repo, Path(path)

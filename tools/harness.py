@@ -3,17 +3,16 @@
 The repro is started as the leader of a new session: a new interpreter (``run``), or a fork of
 the calling process (``run_forked``, for a parent that has imported torch and Lightning once).
 The group is killed (SIGTERM, then SIGKILL) when the leader exits, when the time limit passes,
-or when another member of the group dies and the leader does not follow within ``peer_grace``
-seconds: a crashed rank never leaves its peer blocked in a collective. stdout and stderr are
-kept in full next to each other; the verdict line is parsed and the exit code is mapped onto the
-contract (see ``tools.contract``).
+when another *rank* of the run dies and the leader does not follow within ``peer_grace`` seconds
+(a crashed rank never leaves its peer blocked in a collective; loader workers and helpers may
+come and go), and, by a watchdog, when this process dies without doing it. stdout and stderr are
+kept in full next to each other; the run is judged by ``contract.judge``.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ class RunResult:
     stdout_path: str | None = None
     stderr_path: str | None = None
     leftovers: list[int] = field(default_factory=list)  # pids still alive after the kill
+    final: bool = False  # a verdict of the repro itself, fine to cache (see contract.judge)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,24 +71,63 @@ def kill_group(pgid: int, grace: float = 3.0) -> list[int]:
     return sorted(group_members(pgid))
 
 
-def _wait(proc, timeout: float, peer_grace: float, poll: float = 0.1):
+RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+RANKS_FILE = "HARNESS_RANKS_FILE"  # where a launcher that forks its ranks declares their pids
+
+
+def _rank_id(pid: int) -> tuple | None:
+    """The rank variables a process was started with (``/proc/PID/environ``), or None."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    found = tuple(env.get(var.encode()) for var in RANK_VARS)
+    return found if any(found) else None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_rank(pid: int) -> bool:
+    """Was ``pid`` started as a rank by a launcher (torchrun, Lightning's, SLURM, MPI)?
+
+    A rank carries rank variables its parent does not have: a DataLoader worker, a compile
+    helper or a ``git`` call started by a rank inherits the rank's variables and is not one.
+    """
+    own = _rank_id(pid)
+    return own is not None and _rank_id(_parent(pid) or 0) != own
+
+
+def _declared(path: str | None) -> set[int]:
+    try:
+        return {int(x) for x in Path(path).read_text().split()} if path else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None, poll: float = 0.1):
     """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'.
 
-    A member that lived at least 2 s and then vanished is taken for a dead rank (short-lived
-    helpers such as ``uname`` started at import time do not count).
+    Only ranks count as peers: processes started with rank variables (``is_rank``) and the pids
+    a launcher declared in ``ranks_file`` (forked ranks keep their parent's environment). Any
+    other process of the group (loader workers, helpers) may come and go.
     """
     deadline = time.monotonic() + timeout
-    first_seen: dict[int, float] = {}
+    ranks: set[int] = set()
     peer_died_at = None
     while proc.poll() is None:
         now = time.monotonic()
         if now >= deadline:
             return "timeout"
-        alive = group_members(proc.pid)
-        for pid in alive:
-            first_seen.setdefault(pid, now)
-        gone = [pid for pid, t in first_seen.items() if pid not in alive and now - t >= 2.0]
-        if gone and peer_died_at is None and proc.poll() is None:
+        alive = group_members(proc.pid) - {proc.pid}
+        ranks |= _declared(ranks_file)
+        ranks |= {pid for pid in alive - ranks if is_rank(pid)}  # (a child may exec later)
+        if ranks - alive and peer_died_at is None and proc.poll() is None:
             peer_died_at = now
         if peer_died_at is not None and now - peer_died_at >= peer_grace:
             return "peer"
@@ -98,24 +137,21 @@ def _wait(proc, timeout: float, peer_grace: float, poll: float = 0.1):
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
         env: dict | None = None, cwd: str | Path | None = None, peer_grace: float = 30.0,
-        require_record: bool = True, signature: str | None = None) -> RunResult:
-    """Run ``cmd`` (a repro) and judge it by the contract.
-
-    ``require_record``: exit 1 counts as bad only with a verdict line saying so (an uncaught
-    exception also exits 1). For a user's own script without a verdict line, pass
-    ``require_record=False`` and, ideally, ``signature``: a regex that must appear in its output.
-    """
-    def start(out, err):
+        signature: str | None = None) -> RunResult:
+    """Run ``cmd`` (a repro) and judge it by the contract (``contract.judge``): exit 1 is bad
+    only with a verdict line saying so or with ``signature``, a regex found in its output (for
+    a user's own script that prints no verdict line)."""
+    def start(out, err, ranks_file):
+        child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file}
         return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env=env, cwd=cwd, start_new_session=True)
+                                env=child_env, cwd=cwd, start_new_session=True)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
-                      require_record=require_record, signature=signature)
+                      signature=signature)
 
 
 def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
-               peer_grace: float = 30.0, require_record: bool = True,
-               signature: str | None = None) -> RunResult:
+               peer_grace: float = 30.0, signature: str | None = None) -> RunResult:
     """Run ``target()`` in a fork of this process, with the guarantees and judgement of ``run``.
 
     The fork leads a new session (so the whole group is killed as with ``run``), has stdin on
@@ -128,7 +164,7 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
     (torch's intra-op threads or any other thread: a fork copies only the forking thread, so a
     lock held by another thread stays locked forever in the child), no process group initialised.
     """
-    def start(out, err):
+    def start(out, err, ranks_file):
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
@@ -138,13 +174,13 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
         try:
             pid = os.fork()
             if pid == 0:  # the child: never returns
-                _child(target, out, err, parent, mask)
+                _child(target, out, err, parent, mask, ranks_file)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return _Forked(pid)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
-                      require_record=require_record, signature=signature)
+                      signature=signature)
 
 
 def die_with_parent(parent: int) -> None:
@@ -162,7 +198,7 @@ def die_with_parent(parent: int) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _child(target, out, err, parent: int, mask) -> None:
+def _child(target, out, err, parent: int, mask, ranks_file: str) -> None:
     code = 1
     try:
         os.setsid()
@@ -171,6 +207,7 @@ def _child(target, out, err, parent: int, mask) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.environ[RANKS_FILE] = ranks_file
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -222,7 +259,7 @@ class _Forked:
         return self.returncode
 
 
-def _supervise(start, *, timeout, log_stem, peer_grace, require_record, signature) -> RunResult:
+def _supervise(start, *, timeout, log_stem, peer_grace, signature) -> RunResult:
     log_stem = Path(log_stem) if log_stem else None
     if log_stem:
         log_stem.parent.mkdir(parents=True, exist_ok=True)
@@ -230,67 +267,57 @@ def _supervise(start, *, timeout, log_stem, peer_grace, require_record, signatur
     else:
         out_path = err_path = None
     started = time.monotonic()
-    out = open(out_path, "w+") if out_path else _temp()
-    err = open(err_path, "w+") if err_path else _temp()
-    with out, err:
+    # any bytes a repro prints are read back (a non-UTF-8 byte must not crash the judgement)
+    out = open(out_path, "w+", errors="replace") if out_path else _temp()
+    err = open(err_path, "w+", errors="replace") if err_path else _temp()
+    ranks_file = _ranks_file()
+    with out, err, ranks_file:
         try:
-            proc = start(out, err)
+            proc = start(out, err, ranks_file.name)
         except OSError as exc:
             return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
+        watchdog = _watchdog(proc.pid)
         try:
-            why = _wait(proc, timeout, peer_grace)
-        except BaseException:  # Ctrl-C: no verdict, but never leave ranks behind
+            why = _wait(proc, timeout, peer_grace, ranks_file.name)
+        except BaseException:  # Ctrl-C, SIGTERM: no verdict, but never leave ranks behind
             kill_group(proc.pid)
             raise
+        finally:
+            watchdog.kill()
+            watchdog.wait()
         leftovers = kill_group(proc.pid)
         proc.wait()
         seconds = round(time.monotonic() - started, 2)
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    result = _judge(proc.returncode, why, timeout, stdout, stderr, require_record, signature)
-    result.seconds, result.leftovers = seconds, leftovers
+    j = contract.judge(proc.returncode, stdout, stderr, signature=signature, stopped=why,
+                       timeout=timeout)
+    result = RunResult(j.code, contract.name(j.code), j.reason, seconds, proc.returncode, j.record,
+                       leftovers=leftovers, final=j.final)
     result.stdout_path = str(out_path) if out_path else None
     result.stderr_path = str(err_path) if err_path else None
     return result
 
 
+WATCHDOG = 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; kill -9 "-$2" 2>/dev/null'
+
+
+def _watchdog(pgid: int) -> subprocess.Popen:
+    """A tiny shell that kills the run's group if this process dies without doing it (SIGKILL,
+    a crash): a run never outlives its supervisor. Killed by us when the run ends normally."""
+    return subprocess.Popen(["/bin/sh", "-c", WATCHDOG, "watchdog", str(os.getpid()), str(pgid)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _ranks_file():
+    import tempfile
+
+    return tempfile.NamedTemporaryFile("w", prefix="ranks-", suffix=".pids")
+
+
 def _temp():
     import tempfile
 
-    return tempfile.TemporaryFile("w+")
-
-
-def _judge(rc, why, timeout, stdout, stderr, require_record, signature) -> RunResult:
-    record = contract.parse_verdict_line(stdout)
-
-    def result(code, reason=None):
-        return RunResult(code, contract.name(code), reason, 0.0, rc, record)
-
-    if why == "timeout":
-        return result(contract.SKIP, f"timed out after {timeout:g} s; process group killed")
-    if why == "peer":
-        return result(contract.SKIP, "a rank died and its peer did not exit; process group killed")
-    if rc < 0:
-        died = signal.Signals(-rc).name
-        if signature and record is None and re.search(signature, stdout + stderr):
-            # the bug's signature was printed, then the process died of a signal on its own (torch
-            # 2.13 + gloo sometimes aborts at interpreter exit: "terminate called without an
-            # active exception"): what was seen stands
-            return result(contract.BAD, f"signature /{signature}/ seen; then the process died of {died}")
-        return result(contract.SKIP, f"killed by {died}")
-    if record is not None and record.get("exit_code") != rc:
-        return result(contract.FAIL, f"verdict line says {record.get('exit_code')}, exit code {rc}")
-    if rc == contract.BAD:
-        if signature and not re.search(signature, stdout + stderr):
-            return result(contract.SKIP, f"exit 1 without the signature /{signature}/")
-        if require_record and record is None and not signature:
-            tail = (stderr.strip().splitlines() or [""])[-1]
-            return result(contract.SKIP, f"exit 1 without a verdict line: {tail[:200]}")
-        return result(contract.BAD, record and record.get("signature"))
-    if rc in (contract.GOOD, contract.SKIP):
-        reason = (record or {}).get("details", {}).get("reason") if rc == contract.SKIP else None
-        return result(rc, reason)
-    if rc >= contract.FAIL:
-        return result(rc, f"the repro reported a harness failure (exit {rc})")
-    return result(contract.SKIP, f"unrelated exit code {rc}")
+    return tempfile.TemporaryFile("w+", errors="replace")

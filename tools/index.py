@@ -7,8 +7,10 @@ Answers are cached for a day under ``.cache/index/``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -26,11 +28,13 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from tools import contract
+
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "index"
 MAX_AGE = 24 * 3600
 
 
-class UnknownRelease(LookupError):
+class UnknownRelease(contract.BadInput, LookupError):
     """The index has no such project or version (bad input: exit 2)."""
 
 
@@ -54,9 +58,23 @@ class Release:
         return not self.tags or bool({cp, "py3", "sdist"} & self.tags)
 
 
+@functools.cache
+def uv() -> str:
+    """The uv binary: on PATH, or the one the ``uv`` Python package ships (as nox finds it)."""
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        import uv as uv_package
+
+        return uv_package.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        raise contract.BadInput("uv not found: install it (pip install uv)") from None
+
+
 def index_url() -> str:
     """The default index uv resolves against (it honours ``UV_DEFAULT_INDEX`` / ``UV_INDEX_URL``)."""
-    proc = subprocess.run(["uv", "pip", "compile", "-", "--emit-index-url", "--no-header",
+    proc = subprocess.run([uv(), "pip", "compile", "-", "--emit-index-url", "--no-header",
                            "--quiet", "--offline"], input="", capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("--index-url "):

@@ -27,6 +27,8 @@ class Repro:
     expect: str | None = None
     passthrough: bool = False  # takes the options given after `nox -s repro --`
     fresh_args: tuple[str, ...] = ()  # added with `--fresh-process`: new interpreters for its ranks too
+    verdict_line: bool = True  # prints the contract's verdict line (else: judged by a --signature)
+    preload: bool = True  # the workspace's own: safe to fork from a preloaded runner
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return f"{PREFIX[self.package]}{slug(self.lightning)}-torch{slug(self.torch)}"
+        # a Python identifier: nox's -k reads `-` as minus (a cell id must select that cell)
+        return f"{PREFIX[self.package]}{slug(self.lightning)}_torch{slug(self.torch)}"
 
     @property
     def in_range(self) -> bool:
@@ -73,6 +76,7 @@ def load(path: Path = DEFAULT) -> Matrix:
     cells = tuple(Cell(pkg, ver, t, ranges.get(ver), includes.get((pkg, ver, t)), i)
                   for i, (pkg, ver, t) in enumerate(keys))
     repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"),
-                         bool(r.get("passthrough")), tuple(r.get("fresh_args", ())))
+                         bool(r.get("passthrough")), tuple(r.get("fresh_args", ())),
+                         bool(r.get("verdict_line", True)))
                    for r in data.get("repro", []))
     return Matrix(cells, repros)

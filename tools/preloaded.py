@@ -8,7 +8,7 @@ library and the harness):
 It imports torch and Lightning, then runs each job as ``python SCRIPT ARGS`` would, but in a fork
 of itself under ``harness.run_forked``: its own session, time limit, logs and verdict, and a fresh
 fork for every job (nothing one job does reaches the next). A job is ``{"argv": [SCRIPT, ARG...],
-"timeout", "log_stem", "require_record", "signature"}``; its answer is ``harness.RunResult`` as a
+"timeout", "log_stem", "signature"}``; its answer is ``harness.RunResult`` as a
 dict. If the preload fails, the failure is said once on stderr and every job runs in a fresh
 interpreter instead (a repro reports its own import error as "cannot test").
 
@@ -65,7 +65,7 @@ def exec_script(argv: list[str]) -> None:
 
 def run_job(job: dict, forked: bool) -> harness.RunResult:
     options = {"timeout": job["timeout"], "log_stem": job.get("log_stem"),
-               "require_record": job.get("require_record", True), "signature": job.get("signature")}
+               "signature": job.get("signature")}
     if forked:
         return harness.run_forked(lambda: exec_script(job["argv"]), **options)
     return harness.run([sys.executable, *job["argv"]], **options)

@@ -13,12 +13,20 @@ RESULTS = ROOT / "results"
 _STAMP = time.strftime("%Y%m%d-%H%M%S")  # one per process: all cells of one nox run share it
 
 
+def _mode() -> int:
+    """What a plain ``open()`` would give a new file now (``mkstemp`` always gives 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, _mode())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)

@@ -2,9 +2,12 @@
 
     python -m tools.run [--timeout S] [--signature REGEX] [--log STEM] -- python my_repro.py ...
 
-For a user's own script (for instance the original reporter's, unmodified): exit 1 counts as
-bad only when the output matches ``--signature`` (without it, plain ``git bisect run`` rules
-apply to scripts that print no verdict line). Prints one JSON verdict line.
+Made for ``git bisect run``: exit 0 good, 1 bad, 125 cannot test, and >= 128 for anything that
+is not a verdict (bad options 129, the harness or the repro failed 128, interrupted 130), so a
+problem of the harness is never read as "bad". For a user's own script (for instance the
+original reporter's, unmodified) exit 1 counts as bad only when the output matches
+``--signature``; a script that prints the contract's verdict line needs none. Prints one JSON
+line with the result.
 """
 
 from __future__ import annotations
@@ -12,12 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from tools import harness
+from tools import contract, harness
+
+USAGE = 129  # not 2: git bisect run would read 2 as "bad"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.run")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise contract.BadInput(message)
+
+    p = Parser(prog="python -m tools.run")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")
@@ -25,12 +35,30 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        p.error("give the command to run after --")
-    result = harness.run(cmd, timeout=args.timeout, log_stem=args.log, require_record=False,
-                         signature=args.signature)
+        raise contract.BadInput("give the command to run after --")
+    if args.timeout <= 0:
+        raise contract.BadInput("--timeout must be > 0")
+    contract.check_signature(args.signature)
+    if args.log:
+        try:
+            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+            Path(f"{args.log}.stdout").touch()
+        except OSError as err:
+            raise contract.BadInput(f"--log {args.log}: cannot write there ({err.strerror})") from None
+    result = harness.run(cmd, timeout=args.timeout, log_stem=args.log, signature=args.signature)
     print(json.dumps(result.to_dict(), default=str))
     return result.code
 
 
+def entry(argv=None) -> int:
+    """``main`` with every non-verdict outcome mapped to >= 128 (see the module docstring)."""
+    try:
+        code = contract.run_main(main, argv)
+    except Exception as err:  # noqa: BLE001  (a crash of the harness: never exit 1)
+        print(f"error: harness failure: {type(err).__name__}: {err}", file=sys.stderr)
+        return contract.FAIL
+    return USAGE if code == contract.USAGE else code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -1,0 +1,50 @@
+"""What the noxfile's sessions share: running one of the tools/ programs as nox's child.
+
+nox maps every failing command onto its own exit code 1 and sends SIGTERM 0.3 s after a Ctrl-C;
+the tools' exit codes mean something (a bisect: 0 found, 3 never worked, 4 ambiguous, 2 bad input,
+128 harness failure, 130 interrupted) and their cleanup takes longer. ``run_tool`` gives the
+tool's own code back as nox's exit code, forwards SIGINT and SIGTERM and waits for the tool to
+clean up, and makes the tool die with nox (a SIGKILLed nox leaves nothing running).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+GRACE = 30.0  # seconds a tool gets to clean up after a forwarded signal, before SIGKILL
+
+
+def _die_with_parent() -> None:  # in the child, between fork and exec
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM, so it cleans up
+
+
+def run_tool(session, module: str, args: list[str]) -> None:
+    """Run ``python -m module args`` in the session's environment; exit nox with its code."""
+    python = os.path.join(session.bin, "python")
+    session.log(f"python -m {module} {' '.join(args)}")
+    proc = subprocess.Popen([python, "-m", module, *args], preexec_fn=_die_with_parent,
+                            env={**os.environ, "PATH": f"{session.bin}{os.pathsep}{os.environ['PATH']}",
+                                 "VIRTUAL_ENV": os.path.dirname(session.bin)})
+
+    def forward(signum, frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        try:
+            proc.wait(timeout=GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    code = 128 - code if code < 0 else code  # killed by a signal N: 128 + N, as a shell says
+    if code:
+        sys.exit(code)  # nox passes SystemExit through: its exit code is the tool's
