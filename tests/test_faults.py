@@ -242,3 +242,76 @@ def test_a_run_dies_with_its_supervisor_whatever_signal_ends_it(tmp_path, sig):
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(child)
+
+
+# -- through nox: the tool's own exit code, signals forwarded, the tool dies with nox --------------
+
+TOOL = textwrap.dedent("""
+    import sys, time
+    from tools import contract
+
+    def main(argv):
+        if argv[0] != "sleep":
+            return int(argv[0])
+        try:
+            print("started", flush=True)
+            time.sleep(600)
+        finally:
+            open(argv[1], "w").write("cleaned up")
+    sys.exit(contract.run_main(main, sys.argv[1:]))
+""")
+
+SESSION = textwrap.dedent("""
+    import os, sys, types
+    sys.path.insert(0, {root!r})
+    from tools import sessions
+    fake = types.SimpleNamespace(bin=os.path.dirname(sys.executable), log=lambda m: None)
+    sys.path.insert(0, {folder!r})
+    os.environ["PYTHONPATH"] = os.pathsep.join([{root!r}, {folder!r}])
+    sessions.run_tool(fake, "tool", sys.argv[1:])
+""")
+
+
+def _session(tmp_path, *args, **kwargs):
+    (tmp_path / "tool.py").write_text(TOOL)
+    code = SESSION.format(root=str(ROOT), folder=str(tmp_path))
+    return subprocess.Popen([sys.executable, "-c", code, *args], **kwargs)
+
+
+@pytest.mark.parametrize("code", [0, 2, 3, 4, 128])
+def test_a_tools_exit_code_is_the_sessions(tmp_path, code):
+    assert _session(tmp_path, str(code)).wait(60) == code
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_to_nox_reaches_the_tool_which_cleans_up(tmp_path, sig):
+    proc = _session(tmp_path, "sleep", str(tmp_path / "done"), stdout=subprocess.PIPE, text=True,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(sig)
+    proc.wait(60)
+    assert wait_for(tmp_path / "done") == "cleaned up"  # SIGKILL: by PR_SET_PDEATHSIG's SIGTERM
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 130
+
+
+def test_bad_input_exits_2_through_nox(root):
+    proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(root / "noxfile.py"), "-s", "bisect",
+                           "--", "--trials", "0"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: --trials takes a number >= 1 or 'auto'" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["--out", "cache"])
+def test_an_unwritable_results_or_cache_folder_is_refused_before_the_first_step(tmp_path, capsys,
+                                                                               monkeypatch, where):
+    (tmp_path / "file").write_text("")
+    blocked = tmp_path / "file" / "below"
+    out = blocked if where == "--out" else tmp_path / "out"
+    if where == "cache":
+        monkeypatch.setattr(bisect_cli, "CACHE", blocked)
+    monkeypatch.setattr(bisect_cli, "release_ends", lambda cfg: (["1.0", "2.0"], None, 1))
+    monkeypatch.setattr(bisect_cli, "release_tier", lambda *a: pytest.fail("a step ran"))
+    assert bisect_cli.main(["--state", str(tmp_path / "s.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write there" in err[0]

@@ -16,6 +16,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -391,6 +392,18 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
     return "\n".join(lines)
 
 
+def writable(folder: Path | None, what: str) -> Path:
+    """``folder`` (None: a new ``results/bisect/<time>``), made and checked before any step."""
+    try:
+        folder = Path(folder) if folder else results.run_dir("bisect")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise BadInput(f"{what} {folder or ''}: cannot write there ({err.strerror})") from None
+    return folder
+
+
 def trials_text(b: Bisector) -> str:
     if b.rate is None:
         return str(b.trials)
@@ -404,7 +417,8 @@ def bisect(cfg: Config, argv: list[str], log) -> int:
     state = State(cfg.state)  # a broken state file is bad input, before anything runs
     state.check_writable()
     release_ends_ = release_ends(cfg) if cfg.tier in ("releases", "both") else None
-    out = cfg.out or results.run_dir("bisect")
+    writable(CACHE, "the cache folder")
+    out = writable(cfg.out, "--out") if cfg.out else writable(None, "the results folder")
     release = commit = None
     status = "found"
     try:
