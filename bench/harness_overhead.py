@@ -1,6 +1,6 @@
 """Harness wall / bare ``python repro/...`` wall for the #20340 repro (goal <= 1.05).
 
-    python bench/harness_overhead.py --python .nox/repro-pl2_6_6-torch2_13_0/bin/python --runs 3
+    python bench/harness_overhead.py --python .nox/repro-pl2_6_6_torch2_13_0/bin/python --runs 3
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """The whole #20706 stress catalogue: forked runs / a new interpreter per rank (goal >= 5x).
 
-    python bench/stress_catalogue.py --python .nox/repro-pl2_6_6-torch2_13_0/bin/python \
+    python bench/stress_catalogue.py --python .nox/repro-pl2_6_6_torch2_13_0/bin/python \
         [--baseline-python <an environment without compiled bytecode>] [--runs 1]
 
 Alternating in the same run: the catalogue in its default mode (one import in the orchestrator,

@@ -1,6 +1,6 @@
 """One #20340 verdict / the import floor, in one environment (goal: fork launch <= 1.3).
 
-    python bench/verdict_floor.py --python .nox/repro-pl2_6_6-torch2_13_0/bin/python --runs 5
+    python bench/verdict_floor.py --python .nox/repro-pl2_6_6_torch2_13_0/bin/python --runs 5
 
 The import floor is ``python -c "import torch, pytorch_lightning"``: what any verdict in a fresh
 interpreter pays before the repro's own work. Compared in the same run, alternating: the verdict

@@ -1,12 +1,15 @@
 """The patch series: parsing, checks against installed trees, and the torch patch for real."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -272,7 +275,7 @@ def test_unittest_counts_read_torch_style_test_files(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cell", "pl0_0_0-torch0_0_0"], "error: no patch of the series targets cell 'pl0_0_0-torch0_0_0'"),
+    (["--cell", "pl0_0_0_torch0_0_0"], "error: no patch of the series targets cell 'pl0_0_0_torch0_0_0'"),
     (["--patch", "nope.patch"], "error: no patch 'nope.patch' in the series"),
 ])
 def test_validation_bad_input_is_one_line_and_exit_2(argv, message, capsys):
@@ -318,3 +321,244 @@ def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch,
     assert "### What was wrong\n\ntorch's DistributedDataParallel decides once" in body
     assert "### What changed\n\nThe strategy now remembers which parameters" in body
     assert (tmp_path / "pr" / patch.path.stem / "branch.txt").read_text().startswith("bugfix/20340_")
+
+
+GOOD = (HEAD + DIFF).encode()
+
+
+def series_folder(tmp_path, monkeypatch, series: bytes, files: dict[str, bytes]) -> Path:
+    """A patches/ folder of its own, used by both tools in place of the workspace's."""
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    (folder / "series").write_bytes(series)
+    monkeypatch.setattr(patches, "PATCHES", folder)
+    return folder
+
+
+@pytest.mark.parametrize("series, files, message", [
+    (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"needed.", b"needed \xff.")},
+     "bad.patch: not UTF-8 (line 6)"),
+    (b"ok.patch\n# caf\xe9\n", {}, "patches/series: not UTF-8 (line 2)"),
+    (b"ok.patch\nsub\n", {}, "patches/series names sub, which is a directory, not a patch file"),
+    (b"ok.patch\ngone.patch\n", {}, "patches/series names gone.patch, which does not exist"),
+    (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"@@ -10,2 +10,3 @@", b"@@ -12,x +12,3 @@")},
+     "bad.patch: line 20: malformed hunk header '@@ -12,x +12,3 @@'"),
+    (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"@@ -10,2 +10,3 @@", b"@@ -10,2 +10,4 @@")},
+     "bad.patch: line 20: malformed hunk '@@ -10,2 +10,4 @@': its line counts do not match its body"),
+    (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"repro/x.py", b"repro/x.py 'a b")},
+     "bad.patch: X-Repro is not a command line (No closing quotation)"),
+], ids=["patch-not-utf8", "series-not-utf8", "directory", "missing", "hunk-header", "hunk-counts", "x-repro"])
+def test_a_bad_series_is_one_line_and_exit_2_for_both_tools(tmp_path, monkeypatch, capsys, series, files,
+                                                            message):
+    """Read and checked up front, before any environment is made or anything is written."""
+    from tools import pr_bundle, results, validate_patches
+
+    folder = series_folder(tmp_path, monkeypatch, series, {"ok.patch": GOOD, **files})
+    (folder / "sub").mkdir()
+    monkeypatch.setattr(results, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(validate_patches, "validate", lambda *a, **k: pytest.fail("validation started"))
+    assert validate_patches.main(["--patch", "ok.patch"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+    assert pr_bundle.main(["ok.patch"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("diff, message", [
+    (DIFF.replace("@@ -10,2 +10,3 @@", "@@ -12,x +12,3 @@"),
+     "line 20: malformed hunk header '@@ -12,x +12,3 @@'"),
+    (DIFF + DIFF.replace("@@ -10,2 +10,3 @@", "@@ -10 +10,3 +3 @@"),
+     "line 26: malformed hunk header '@@ -10 +10,3 +3 @@'"),
+    (DIFF.replace("@@ -10,2 +10,3 @@", "@@ -10,2 +10,4 @@"), "line 20: malformed hunk '@@ -10,2 +10,4 @@'"),
+    (DIFF.replace("@@ -10,2 +10,3 @@", "@@ -10,2 +10,2 @@"), "line 20: malformed hunk '@@ -10,2 +10,2 @@'"),
+    (DIFF.replace("@@ -10,2 +10,3 @@", "@@ -10,3 +10,4 @@"), "line 20: malformed hunk '@@ -10,3 +10,4 @@'"),
+    (DIFF.replace(" line 11\n", "@@ -30,1 +31,1 @@\n line 11\n"),
+     "line 20: malformed hunk '@@ -10,2 +10,3 @@'"),
+], ids=["not-a-number", "three-ranges", "body-too-short", "body-too-long", "old-count", "header-in-body"])
+def test_a_malformed_hunk_is_an_error_at_parse_time(tmp_path, diff, message):
+    """GNU patch refuses these only when it applies the patch, minutes into a validation."""
+    with pytest.raises(patches.PatchError, match="^" + re.escape(f"p.patch: {message}")):
+        patches.parse(write(tmp_path, HEAD + diff))
+
+
+@pytest.mark.parametrize("diff", [
+    DIFF + "-- \n2.43.0\n\n",  # git format-patch's signature
+    DIFF.replace(" line 11\n", " line 11\n\\ No newline at end of file\n"),
+    DIFF.replace("@@ -10,2 +10,3 @@\n line 10\n", "@@ -10,2 +10,3 @@\n\n"),  # an empty context line
+    DIFF.replace("@@ -10,2 +10,3 @@\n line 10\n+inserted\n line 11\n", "@@ -0,0 +1,2 @@\n+a\n+b\n"),
+    DIFF + "@@ -15 +16,2 @@\n line 15\n+more\n",  # counts left out are 1
+], ids=["signature", "no-newline-at-end", "empty-context-line", "new-file", "second-hunk"])
+def test_hunks_as_git_and_diff_write_them_parse(tmp_path, diff):
+    patch = patches.parse(write(tmp_path, HEAD + diff))
+    assert patch.files == ["torch/m.py"]
+
+
+def validated(results_dir: Path, patch, folder: str = "1", **changes) -> Path:
+    """A summary.json of ``nox -s patches`` in which every cell of ``patch`` is as required."""
+    from tools import results
+
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "good", "after_detail": "in sync", "upstream_tests": "4 failed; 31 passed", **changes}
+            for c in patch.cells]
+    path = results_dir / "patches" / folder / "summary.json"
+    results.write_json(path, rows)
+    return path
+
+
+@pytest.mark.parametrize("case", ["bisect-missing", "bisect-a-folder", "not-json", "not-a-list", "row-shape"])
+def test_pr_bundle_checks_every_input_before_writing_anything(tmp_path, monkeypatch, capsys, case):
+    from tools import pr_bundle, results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    (patch,) = patches.named("lightning-ddp-rewrap-on-trainable-change.patch")
+    summary = validated(tmp_path, patch)
+    last = tmp_path / "pr" / patch.path.stem
+    results.write_atomic(last / "branch.txt", "the last bundle\n")
+    argv = [patch.name]
+    if case == "bisect-missing":
+        argv += ["--bisect", str(tmp_path / "missing.md")]
+        message = f"--bisect {tmp_path / 'missing.md'}: cannot read it (No such file or directory)"
+    elif case == "bisect-a-folder":
+        argv += ["--bisect", str(tmp_path)]
+        message = f"--bisect {tmp_path}: cannot read it (Is a directory)"
+    elif case == "not-json":
+        summary.write_text('[{"patch": ')
+        message = f"{summary}: not a summary of `nox -s patches` (not JSON: Expecting value at line 1)"
+    elif case == "not-a-list":
+        summary.write_text('{"rows": []}')
+        message = f"{summary}: not a summary of `nox -s patches` (not a list of rows)"
+    else:
+        validated(tmp_path, patch, after_detail=None, upstream_tests=["4 failed"], ok="yes")
+        rows = json.loads(summary.read_text())
+        del rows[0]["before"]
+        summary.write_text(json.dumps(rows))
+        message = f"{summary}: not a summary of `nox -s patches` (row 1: no valid before, ok, upstream_tests)"
+    assert pr_bundle.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+    assert [p.name for p in last.iterdir()] == ["branch.txt"]  # the last bundle, as it was
+    assert (last / "branch.txt").read_text() == "the last bundle\n"
+
+
+def test_pr_bundle_reads_only_the_runs_it_needs(tmp_path, monkeypatch, capsys):
+    """The newest run has every cell: an older, broken summary is not read."""
+    from tools import pr_bundle, results
+
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    (patch,) = patches.named("lightning-ddp-rewrap-on-trainable-change.patch")
+    validated(tmp_path, patch, folder="20261129-120000")
+    (tmp_path / "patches" / "20261128-120000").mkdir()
+    (tmp_path / "patches" / "20261128-120000" / "summary.json").write_text("{")
+    assert pr_bundle.main([patch.name]) == 0
+    assert sorted(p.name for p in (tmp_path / "pr" / patch.path.stem).iterdir()) == [
+        "body.md", "branch.txt", patch.name]
+
+
+def test_pr_bundle_needs_an_issue_to_fix(tmp_path, monkeypatch, capsys):
+    from tools import pr_bundle, results
+
+    text = GOOD.replace(b"Bug: https://example.com/1", b"Bug: https://example.com/discussions/1")
+    series_folder(tmp_path, monkeypatch, b"ok.patch\n", {"ok.patch": text})
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    (patch,) = patches.named("ok.patch")
+    validated(tmp_path, patch)
+    assert pr_bundle.main(["ok.patch"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: ok.patch: Bug is not an issue URL (.../issues/N), which `Fixes #N` needs"]
+    assert not (tmp_path / "pr").exists()
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is ``pid``, with their command lines (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                out.append((int(stat.parent.name), cmd))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+# (signal, to the whole process group as a terminal's Ctrl-C or to the tool only, seconds to wait)
+KILL = [(signal.SIGTERM, "tool", 30)]
+CTRL_C = [(signal.SIGINT, "group", 30)]
+RUNNER_CTRL_C = [(signal.SIGINT, "group", 0), (signal.SIGINT, "tool", 30)]  # forwarded: tools/sessions.py
+NOX_CTRL_C = [(signal.SIGINT, "group", 0.3), (signal.SIGTERM, "tool", 0.2), (signal.SIGKILL, "tool", 30)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.parametrize("signals", [KILL, CTRL_C, RUNNER_CTRL_C, NOX_CTRL_C],
+                         ids=["SIGTERM", "Ctrl-C", "Ctrl-C-forwarded", "Ctrl-C-plain-nox"])
+def test_an_interrupt_removes_the_throwaway_environment(tmp_path, signals):
+    """A real ``nox -s patches`` process, interrupted while uv installs into its throwaway
+    environment (tests/fixtures/patch_interrupt_driver.py): the temporary folder is removed, also
+    when the Ctrl-C comes twice (the noxfile's runner forwards it), and when plain nox's
+    ``session.run`` SIGKILLs the tool 0.5 s after it (removing a real environment takes ~0.4 s)."""
+    # two patches for one cell: the second is validated on top of the first, in a throwaway env
+    cell = matrix.load().cells[0].id
+    text = HEAD.replace("X-Base: v2.13.0\n", f"X-Base: v2.13.0\nX-Cells: {cell}\n").encode() + DIFF.encode()
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    (folder / "first.patch").write_bytes(text)
+    (folder / "second.patch").write_bytes(text)
+    (folder / "series").write_text("first.patch\nsecond.patch\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    env.update(TMPDIR=str(tmp), REPRO_RESULTS=str(tmp_path / "results"), UV_PYTHON_DOWNLOADS="never",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fixtures" / "patch_interrupt_driver.py"),
+                             str(folder), "--patch", "second.patch"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not (uv := [pid for pid, cmd in children(proc.pid) if "pip install" in cmd]):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "uv pip install never started"
+            time.sleep(0.05)
+        assert list(tmp.glob("patched-*/before/bin/python"))  # uv installs into the throwaway env
+        for sig, to, wait in signals:
+            os.killpg(proc.pid, sig) if to == "group" else proc.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait)
+                break
+        out, err = proc.communicate(timeout=30)
+        uv_left = Path(f"/proc/{uv[0]}").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != -signal.SIGKILL:  # nox did not have to kill it
+        assert proc.returncode == 130, err
+        assert err.splitlines() == ["interrupted: 0 of 1 rows finished, nothing kept; the throwaway "
+                                    "environments were removed"]
+        assert not uv_left  # killed and waited for, not left installing
+    deadline = time.monotonic() + 10
+    while list(tmp.glob("patched-*")):  # once the tool is killed, the removal may still be under way
+        assert time.monotonic() < deadline, "the throwaway environment was left behind"
+        time.sleep(0.05)
+
+
+def test_after_the_first_interrupt_the_cleanup_is_not_cut_short():
+    """nox sends SIGTERM 0.3 s after the Ctrl-C: it must not interrupt the removal the first one
+    started. Ignored signals stay ignored; the handlers are restored afterwards."""
+    from tools import validate_patches
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with validate_patches.interrupts_unwind():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # as in a background job
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            os.kill(os.getpid(), signal.SIGTERM)  # nox's, during the cleanup: ignored
+            time.sleep(0.1)
+        assert signal.getsignal(signal.SIGTERM) is before[1]
+    finally:
+        signal.signal(signal.SIGINT, before[0])

@@ -24,6 +24,7 @@ PATCHES = ROOT / "patches"
 REQUIRED = ("Description", "Bug", "Forwarded", "Origin", "Last-Update", "X-Target", "X-Base", "X-Repro",
             "X-Expect-Before", "X-Expect-After")
 FIELD = re.compile(r"^([A-Za-z][\w-]*): ?(.*)$")
+HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 TARGETS = ("torch", "lightning")
 
 
@@ -82,9 +83,65 @@ class Patch:
         return {path: text for path, text in self.sections().items() if path.startswith(folder)}
 
 
+def read(path: Path, name: str) -> str:
+    """A text file of the series (UTF-8, as git writes patches); a PatchError when it is not."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise PatchError(f"{name}: cannot read it ({err.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise PatchError(f"{name}: not UTF-8 (line {line})") from None
+
+
+def check_hunks(name: str, diff: str, first_line: int) -> int:
+    """The number of hunks in ``diff`` (whose first line is line ``first_line`` of the file).
+
+    A PatchError for a malformed hunk header, or line counts that do not match the hunk's body:
+    GNU patch refuses those ("malformed patch") only when it applies the patch, minutes into a
+    validation. The body is read as GNU patch and git read it: by the counts.
+    """
+    lines = diff.removesuffix("\n").split("\n")  # as patch splits them (str.splitlines splits on more)
+    hunks = i = 0
+    while i < len(lines):
+        if not lines[i].startswith("@@"):
+            i += 1
+            continue
+        header, where = lines[i], f"{name}: line {first_line + i}"
+        match = HUNK.match(header)
+        if not match:
+            raise PatchError(f"{where}: malformed hunk header {header[:60]!r}")
+        old, new = int(match[1] or 1), int(match[2] or 1)  # a count left out is 1
+        i += 1
+        while old > 0 or new > 0:
+            kind = lines[i][:1] if i < len(lines) else "end"
+            if kind in (" ", ""):  # a context line (an empty one: its blank was stripped)
+                old, new = old - 1, new - 1
+            elif kind == "-":
+                old -= 1
+            elif kind == "+":
+                new -= 1
+            elif kind != "\\":  # "\ No newline at end of file" is no line of either side
+                break
+            i += 1
+        while i < len(lines) and lines[i].startswith("\\"):
+            i += 1
+        after = lines[i] if i < len(lines) else ""
+        # past the counts: the next hunk or file, git's "-- " signature, or a line the body lost
+        longer = after[:1] in (" ", "+") or (after[:1] == "-" and not after.startswith("--- ")
+                                              and after != "-- ")
+        if old or new or longer:
+            raise PatchError(f"{where}: malformed hunk {header[:60]!r}: its line counts do not match "
+                             f"its body")
+        hunks += 1
+    return hunks
+
+
 def parse(path: Path) -> Patch:
     name = Path(path).name
-    text = Path(path).read_text()
+    text = read(path, name)
     if not text.startswith("From "):
         raise PatchError(f"{name}: not a git format-patch file (no 'From ' line)")
     message, sep, diff = text.partition("\n---\n")
@@ -112,27 +169,38 @@ def parse(path: Path) -> Patch:
         raise PatchError(f"{name}: missing field {', '.join(missing)}")
     if headers["X-Target"] not in TARGETS:
         raise PatchError(f"{name}: X-Target must be one of {', '.join(TARGETS)}")
+    try:  # read when the repro runs, minutes into a validation: check it now
+        shlex.split(headers["X-Repro"])
+    except ValueError as err:
+        raise PatchError(f"{name}: X-Repro is not a command line ({err})") from None
     files = [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.M)]
-    hunks = re.findall(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@", diff, re.M)
+    hunks = check_hunks(name, diff, first_line=message.count("\n") + 3)  # the message, then "---"
     if not files or not hunks:
         raise PatchError(f"{name}: the diff has no file or no hunk")
     return Patch(Path(path), headers, diff, files)
 
 
-def series(folder: Path = PATCHES) -> list[Patch]:
-    listing = Path(folder) / "series"
+def series(folder: Path | None = None) -> list[Patch]:
+    """Every patch of ``folder``'s series (default: ``PATCHES``, looked up at each call), parsed:
+    whatever is wrong with any of them is a PatchError now, before any long work."""
+    folder = Path(folder or PATCHES)
+    listing = folder / "series"
     if not listing.exists():
         raise PatchError(f"no series file in {folder}")
-    names = [line.split("#")[0].strip() for line in listing.read_text().splitlines()]
+    where = f"{folder.name}/series"
+    names = [line.split("#")[0].strip() for line in read(listing, where).splitlines()]
     out = []
     for name in filter(None, names):
-        if not (Path(folder) / name).exists():
-            raise PatchError(f"series names {name}, which is not in {folder}")
-        out.append(parse(Path(folder) / name))
+        path = folder / name
+        if path.is_dir():
+            raise PatchError(f"{where} names {name}, which is a directory, not a patch file")
+        if not path.exists():
+            raise PatchError(f"{where} names {name}, which does not exist")
+        out.append(parse(path))
     return out
 
 
-def named(name: str | None, folder: Path = PATCHES) -> list[Patch]:
+def named(name: str | None, folder: Path | None = None) -> list[Patch]:
     """The series, or only the patch called ``name`` (a PatchError when it is not in it)."""
     found = [p for p in series(folder) if name is None or p.name == name]
     if name and not found:

@@ -4,7 +4,8 @@ Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on curren
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
 wrong, what changed, the before/after evidence, test evidence, the CHANGELOG entry). Refuses with
-exit 2 when the patch has not validated (``nox -s patches``).
+exit 2 when the patch has not validated (``nox -s patches``) or an input cannot be read: every
+input is read and checked first, then each output is written atomically.
 """
 
 from __future__ import annotations
@@ -19,20 +20,75 @@ from pathlib import Path
 from tools import patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
+# what the bundle reads of a row of ``nox -s patches`` (validate_patches.validate), and its types
+ROW = {"patch": str, "cell": str, "ok": bool, "applies": str, "before": str, "after": str,
+       "after_detail": (str, type(None)), "upstream_tests": str}
+OPTIONAL = {"on_top_of": list, "series_still_fixed": dict}
+
+
+class BadInput(ValueError):
+    """An input of the bundle that cannot be used (one line, exit 2)."""
 
 
 def evidence(patch: patches.Patch) -> list[dict]:
-    """The newest validation row of each cell the patch targets (none when one is missing)."""
+    """The newest validation row of each cell the patch targets (none when one is missing).
+    Runs are read newest first, and only until every cell has its row."""
     rows: dict[str, dict] = {}
     for summary in sorted((results.RESULTS / "patches").glob("*/summary.json"), reverse=True):
-        for row in json.loads(summary.read_text()):
+        if set(rows) >= set(patch.cells):
+            break
+        if summary.parent.is_symlink():  # ``latest``: the newest run, read under its own name
+            continue
+        for row in read_summary(summary):
             if row["patch"] == patch.name and row["cell"] in patch.cells:
                 rows.setdefault(row["cell"], row)
     return [rows[c] for c in patch.cells] if set(rows) == set(patch.cells) else []
 
 
+def read_summary(path: Path) -> list[dict]:
+    """The rows of a ``summary.json`` of ``nox -s patches``; a BadInput when it is not one."""
+    def bad(why: str) -> BadInput:
+        return BadInput(f"{path}: not a summary of `nox -s patches` ({why})")
+
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise bad(f"cannot read it: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise bad("not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise bad(f"not JSON: {err.msg} at line {err.lineno}") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise bad("not a list of rows")
+    for i, row in enumerate(rows, 1):
+        wrong = [key for key, kind in ROW.items() if key not in row or not isinstance(row[key], kind)]
+        wrong += [key for key, kind in OPTIONAL.items() if key in row and not isinstance(row[key], kind)]
+        if wrong:
+            raise bad(f"row {i}: no valid {', '.join(sorted(wrong))}")
+    return rows
+
+
+def issue_of(patch: patches.Patch) -> str:
+    """The number of the issue the patch fixes, from its ``Bug`` URL (for ``Fixes #N``)."""
+    found = re.search(r"/issues/(\d+)", patch.headers["Bug"])
+    if not found:
+        raise BadInput(f"{patch.name}: Bug is not an issue URL (.../issues/N), which `Fixes #N` needs")
+    return found.group(1)
+
+
+def bisect_answer(path: str) -> str:
+    """The answer part of a bisect report.md: what comes before its recipe to reproduce it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise BadInput(f"--bisect {path}: cannot read it ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"--bisect {path}: not UTF-8") from None
+    return text.split("Reproduce the bisect")[0].strip()
+
+
 def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
-    issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
+    issue = issue_of(patch)
     title, _, text = patch.headers["Description"].partition("\n")
     cause, *change = [" ".join(p.split()) for p in text.split("\n\n")]
     changelog = re.findall(r"(?m)^\+(- .*)$", patch.sections().get("src/lightning/pytorch/CHANGELOG.md", ""))
@@ -70,24 +126,36 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         (patch,) = patches.named(a.patch)
+        issue = issue_of(patch)
+        bisect = bisect_answer(a.bisect) if a.bisect else None
         rows = evidence(patch)
         if not rows or not all(r["ok"] for r in rows):
-            raise patches.PatchError(f"{patch.name} has not validated: run `nox -s patches` first")
-    except patches.PatchError as err:
+            raise BadInput(f"{patch.name} has not validated: run `nox -s patches` first")
+        bundle = files(patch, issue, rows, bisect)
+    except (patches.PatchError, BadInput) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = results.RESULTS / "pr" / patch.path.stem
-    issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
-    name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
-    results.write_atomic(out / "branch.txt", f"bugfix/{issue}_{name}\n")
-    bisect = Path(a.bisect).read_text().split("Reproduce the bisect")[0].strip() if a.bisect else None
-    results.write_atomic(out / "body.md", body(patch, rows, bisect))
-    if patch.target == "lightning" and os.environ.get("LIGHTNING_REPO"):
-        results.write_atomic(out / f"0001-{patch.path.stem}.patch", format_patch(patch))
-    else:
-        results.write_atomic(out / patch.name, patch.path.read_text())
+    for name, text in bundle.items():  # only now: a bad input above leaves the last bundle as it was
+        results.write_atomic(out / name, text)
     print(f"PR bundle: {out}")
     return 0
+
+
+def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None) -> dict[str, str]:
+    """The bundle's files by name, made in full before any is written."""
+    name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
+    out = {"branch.txt": f"bugfix/{issue}_{name}\n", "body.md": body(patch, rows, bisect)}
+    if patch.target == "lightning" and os.environ.get("LIGHTNING_REPO"):
+        from tools import gitrange
+
+        try:
+            out[f"0001-{patch.path.stem}.patch"] = format_patch(patch)
+        except gitrange.BadInput as err:  # LIGHTNING_REPO is no repository, or has no master
+            raise BadInput(f"LIGHTNING_REPO: {err}") from None
+    else:
+        out[patch.name] = patches.read(patch.path, patch.name)
+    return out
 
 
 def format_patch(patch: patches.Patch) -> str:
@@ -101,7 +169,7 @@ def format_patch(patch: patches.Patch) -> str:
     patches.apply(patch, wt.path, 1)
     wt.git.add("-A")
     title, _, why = patch.headers["Description"].partition("\n")
-    issue = re.search(r"/issues/(\d+)", patch.headers["Bug"]).group(1)
+    issue = issue_of(patch)
     # --missing-ok: a snapshot may lack a large file the change does not touch
     tree = wt.git.write_tree("--missing-ok")
     who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")

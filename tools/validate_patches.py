@@ -12,21 +12,24 @@ own tests run there: the patch's new tests must fail without it and its test fil
     nox -s patches [-- --patch NAME] [--cell ID]
 
 Writes ``results/patches/<time>/summary.md`` and ``summary.json``; exit 1 when a patch does not
-apply or does not fix its bug in a cell, 2 for a malformed patch or an unknown cell.
+apply or does not fix its bug in a cell, 2 for a malformed patch or an unknown cell, 130 when
+interrupted (Ctrl-C or SIGTERM: the rows done are kept, the throwaway environments removed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from tools import contract, envs, harness, matrix, patches, results
+from tools import contract, envs, harness, index, matrix, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -39,10 +42,70 @@ def site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_unwind():
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so that ``finally`` blocks run: ``scratch``
+    removes the throwaway environments (~800 MB each), the harness kills the repro's ranks.
+
+    A Ctrl-C comes more than once (from the terminal, then forwarded by the noxfile's runner; plain
+    ``session.run`` sends SIGTERM 0.3 s after it): once the first interrupt is on its way, later
+    ones are ignored, or they would cut that cleanup short. A signal ignored when we started (a
+    job started in the background) stays ignored.
+    """
+    def interrupted(signum, frame):
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    # None: a handler not installed from Python, which could not be put back
+    previous = {sig: handler for sig in INTERRUPTS
+                if (handler := signal.getsignal(sig)) not in (signal.SIG_IGN, None)}
+    for sig in previous:
+        signal.signal(sig, interrupted)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def scratch(prefix: str):
+    """A temporary folder for throwaway environments, removed however the block ends.
+
+    The removal runs in a session of its own and is waited for: neither a Ctrl-C nor a kill of
+    this process stops it halfway (removing a torch environment takes about 0.4 s; plain nox
+    SIGKILLs a command 0.5 s after Ctrl-C).
+    """
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        subprocess.Popen(["rm", "-rf", "--", str(folder)], start_new_session=True).wait()
+
+
+def _uv(cmd: list[str], **kwargs) -> None:
+    """``subprocess.run(cmd, check=True)``; when interrupted, uv is killed and waited for: it
+    must be gone before the folder it writes into is removed, or it writes on into the removal."""
+    with subprocess.Popen(cmd, **kwargs) as proc:
+        try:
+            code = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
 def throwaway(args: list[str], folder: Path) -> Path:
-    subprocess.run(["uv", "venv", "--quiet", "--python", "3.11", str(folder)], check=True)
-    subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"),
-                    *args], check=True, env=envs.uv_env())
+    """A new environment in ``folder`` (in a ``scratch`` folder: removed even on an interrupt)."""
+    _uv([index.uv(), "venv", "--quiet", "--python", "3.11", str(folder)])
+    _uv([index.uv(), "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args],
+        env=envs.uv_env())
     return folder / "bin" / "python"
 
 
@@ -67,13 +130,13 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
     row = {"patch": patch.name, "cell": cell.id, "on_top_of": [e.name for e in earlier]}
     logs = out / "logs" / patch.name / cell.id
     installable = patch.installable_diff()
-    with tempfile.TemporaryDirectory(prefix="patched-") as tmp:
-        before_py = patched_env(args, Path(tmp) / "before", earlier) if earlier else cell_py
+    with scratch("patched-") as tmp:
+        before_py = patched_env(args, tmp / "before", earlier) if earlier else cell_py
         checked = patches.check(patch, *patches.installed_root(site_packages(before_py), patch), installable)
         row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
         before = run(patch, before_py, logs / "before")
         fixed = earlier + ([patch] if checked.state in ("applies", "drift") else [])
-        after_py = patched_env(args, Path(tmp) / "after", fixed)
+        after_py = patched_env(args, tmp / "after", fixed)
         after = run(patch, after_py, logs / "after")
         still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
     row["before"], row["after"] = before.verdict, after.verdict
@@ -149,12 +212,12 @@ def torch_tests(patch: patches.Patch, cell: matrix.Cell, log=print) -> str:
     if not tests:
         return "not run: the patch has no test"
     args = [*envs.install_args(cell.package, cell.lightning, cell.torch), "expecttest"]
-    with tempfile.TemporaryDirectory(prefix="torch-tests-") as tmp:
-        tree = Path(tmp) / "tree"
+    with scratch("torch-tests-") as tmp:
+        tree = tmp / "tree"
         tree.mkdir()
         patches.apply(patch, tree, 1, "".join(tests.values()))
-        before = unittest_counts(patched_env(args, Path(tmp) / "before", []), tree, list(tests))
-        after = unittest_counts(patched_env(args, Path(tmp) / "after", [patch]), tree, list(tests))
+        before = unittest_counts(patched_env(args, tmp / "before", []), tree, list(tests))
+        after = unittest_counts(patched_env(args, tmp / "after", [patch]), tree, list(tests))
     ok = (before.get("failed", 0) + before.get("error", 0)) > 0 and after.get("passed") and \
         not after.get("failed") and not after.get("error")
     return (f"its tests on torch {cell.torch}: {_fmt(before)}; patched: {_fmt(after)}"
@@ -227,27 +290,42 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plan(patch: str | None, cell: str | None) -> tuple[list[patches.Patch], dict, list[tuple]]:
+    """The whole series, the matrix cells, and the (patch, cell id) pairs to validate: every
+    input read and checked (a PatchError) before the first environment is made."""
+    everything = patches.series()
+    chosen = patches.named(patch)
+    cells = {c.id: c for c in matrix.load().cells}
+    for s in chosen:
+        unknown = [c for c in s.cells if c not in cells]
+        if unknown:
+            raise patches.PatchError(f"{s.name}: unknown cell {unknown[0]}")
+    work = [(s, c) for s in chosen for c in s.cells if cell in (None, c)]
+    if not work:
+        raise patches.PatchError(f"no patch of the series targets cell {cell!r}")
+    return everything, cells, work
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="nox -s patches --")
     p.add_argument("--patch", help="only this patch of the series")
     p.add_argument("--cell", help="only this matrix cell")
     a = p.parse_args(argv)
-    try:
-        chosen = patches.named(a.patch)
-        cells = {c.id: c for c in matrix.load().cells}
-        for s in chosen:
-            unknown = [c for c in s.cells if c not in cells]
-            if unknown:
-                raise patches.PatchError(f"{s.name}: unknown cell {unknown[0]}")
-        work = [(s, c) for s in chosen for c in s.cells if a.cell in (None, c)]
-        if not work:
-            raise patches.PatchError(f"no patch of the series targets cell {a.cell!r}")
-    except patches.PatchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    with interrupts_unwind():
+        try:
+            everything, cells, work = plan(a.patch, a.cell)
+        except patches.PatchError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted: before any work; nothing made, nothing kept", file=sys.stderr)
+            return 130
+        return validate_all(everything, cells, work)
+
+
+def validate_all(everything: list[patches.Patch], cells: dict, work: list[tuple]) -> int:
     out = results.run_dir("patches")
     rows: list[dict] = []
-    everything = patches.series()
     try:
         for i, (s, cell_id) in enumerate(work, 1):
             print(f"[{i}/{len(work)}] {s.name} x {cell_id}", flush=True)
@@ -262,7 +340,9 @@ def main(argv=None) -> int:
                              "ok": False})
             results.write_json(out / "summary.json", rows)  # a row at a time: an interrupt keeps them
     except KeyboardInterrupt:
-        print(f"interrupted: {len(rows)} of {len(work)} rows kept in {out / 'summary.json'}", file=sys.stderr)
+        kept = (f"{len(rows)} of {len(work)} rows kept in {out / 'summary.json'}" if rows else
+                f"0 of {len(work)} rows finished, nothing kept")
+        print(f"interrupted: {kept}; the throwaway environments were removed", file=sys.stderr)
         return 130
     table = summary(rows)
     results.write_atomic(out / "summary.md", table)
