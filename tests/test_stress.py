@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import load_repro, run_repro
 
+from tools import stress as orchestration
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "repro" / "ddp_weakref_stress.py"
 TRACEBACKS = Path(__file__).parent / "fixtures" / "tracebacks"
@@ -51,10 +53,10 @@ def run(outcomes, steps=(1, 1), name="s"):
 def test_summary_line_counts_a_clear_error_on_every_rank_as_the_fix(stress):
     selected = [stress.CATALOGUE["pl_callback_rewraps_mid_fit"]]
     fixed = run(["clear_error", "clear_error"], name="pl_callback_rewraps_mid_fit")
-    line = stress._summary_line([fixed], selected, ["pl_callback_rewraps_mid_fit"])
+    line = orchestration._summary_line([fixed], selected, ["pl_callback_rewraps_mid_fit"])
     assert line == "signature in 0/1 runs, clear error in 1/1 (on every rank)"
     half = run(["clear_error", "peer_failure"], name="pl_callback_rewraps_mid_fit")
-    line = stress._summary_line([half], selected, ["pl_callback_rewraps_mid_fit"])
+    line = orchestration._summary_line([half], selected, ["pl_callback_rewraps_mid_fit"])
     assert line.endswith("clear error in 1/1; expected crash missing: pl_callback_rewraps_mid_fit")
 
 
@@ -62,19 +64,19 @@ def test_expectations(stress):
     both = run(["signature", "signature"])
     one = run(["signature", "peer_failure"])
     clean = run(["ok", "ok"])
-    assert stress.meets("signature", [both]) and not stress.meets("signature", [both, one])
-    assert stress.meets("signature-sometimes", [clean, one])
-    assert not stress.meets("signature-sometimes", [clean, clean])
-    assert stress.meets("no-signature", [run(["other_error", "other_error"])])
-    assert not stress.meets("no-signature", [one])
-    assert stress.meets("ok", [clean]) and not stress.meets("ok", [run(["ok", "other_error"])])
+    assert orchestration.meets("signature", [both]) and not orchestration.meets("signature", [both, one])
+    assert orchestration.meets("signature-sometimes", [clean, one])
+    assert not orchestration.meets("signature-sometimes", [clean, clean])
+    assert orchestration.meets("no-signature", [run(["other_error", "other_error"])])
+    assert not orchestration.meets("no-signature", [one])
+    assert orchestration.meets("ok", [clean]) and not orchestration.meets("ok", [run(["ok", "other_error"])])
     na = run(["not_applicable", "not_applicable"])
-    assert stress.meets("ok", [na]) and stress.meets("signature", [na, both])
+    assert orchestration.meets("ok", [na]) and orchestration.meets("signature", [na, both])
 
 
 def test_summary_counts_outcomes_and_steps(stress):
     sc = stress.CATALOGUE["gc_random_collections"]
-    table = stress.summary_markdown([run(["signature", "peer_failure"], (12, 12), sc.name),
+    table = orchestration.summary_markdown([run(["signature", "peer_failure"], (12, 12), sc.name),
                                      run(["peer_failure", "signature"], (15, 15), sc.name)], [sc])
     row = table.splitlines()[2]
     assert "peer_failure / signature x1; signature / peer_failure x1" in row
@@ -125,3 +127,16 @@ def test_control_without_carrier_is_clean(runner, tmp_path):
     r, runs, _ = judge(runner, tmp_path, "--scenario", "control_second_fit_no_carrier", "--strict")
     assert (r.code, r.verdict) == (0, "good"), r.reason
     assert runs[0]["outcomes"] == ["ok", "ok"]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_without_out_no_folder_is_left_behind(runner, tmp_path):
+    import tempfile
+
+    before = set(Path(tempfile.gettempdir()).glob("ddp-weakref-*"))
+    r = run_repro(runner, SCRIPT, "--scenario", "torch_rewrap_cached_output",
+                  log_stem=tmp_path / "run", timeout=280)
+    assert r.code == 1, r.reason
+    assert r.record["details"]["results"] == "not kept (give --out)"
+    assert set(Path(tempfile.gettempdir()).glob("ddp-weakref-*")) == before
