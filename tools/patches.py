@@ -19,6 +19,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import contract
+
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
 REQUIRED = ("Description", "Bug", "Forwarded", "Origin", "Last-Update", "X-Target", "X-Base", "X-Repro",
@@ -28,7 +30,7 @@ HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 TARGETS = ("torch", "lightning")
 
 
-class PatchError(ValueError):
+class PatchError(contract.BadInput):
     """A malformed patch or series (one line, exit 2)."""
 
 

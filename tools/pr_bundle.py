@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools import patches, results
+from tools import contract, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
 # what the bundle reads of a row of ``nox -s patches`` (validate_patches.validate), and its types
@@ -26,7 +26,7 @@ ROW = {"patch": str, "cell": str, "ok": bool, "applies": str, "before": str, "af
 OPTIONAL = {"on_top_of": list, "series_still_fixed": dict}
 
 
-class BadInput(ValueError):
+class BadInput(contract.BadInput):
     """An input of the bundle that cannot be used (one line, exit 2)."""
 
 
