@@ -115,8 +115,7 @@ def test_trials_auto_is_cached_and_stops_on_a_harness_failure(tmp_path):
     (lambda p: p.mkdir(), "is a directory"),
     (lambda p: p.write_text("just some notes\n"), "cannot tell how to run it"),
     (lambda p: p.write_text("#!/bin/sh\nexit 1\n"), "is not executable"),
-    (lambda p: p.write_text("import sys\nsys.exit(1)\n") if p.suffix == ".py" else None,
-     "prints no verdict line: give --signature"),
+    (lambda p: p.write_text("import sys\nsys.exit(1)\n"), "prints no verdict line: give --signature"),
 ], ids=["directory", "text-file", "sh-not-executable", "script-without-signature"])
 def test_a_repro_that_cannot_be_judged_is_refused_before_any_step(tmp_path, capsys, make, message):
     repro = tmp_path / ("r.py" if "signature" in message else "r")

@@ -183,15 +183,14 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
                       signature=signature)
 
 
-def die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when ``parent``, which forked it, dies (Linux only).
-
-    If the parent died before the request was made, exit at once: nothing would ever end us.
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send ``sig`` to this process when ``parent``, which forked it, dies (Linux
+    only). If the parent died before the request was made, exit at once: nothing would end us.
     """
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:

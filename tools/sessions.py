@@ -9,24 +9,24 @@ clean up, and makes the tool die with nox (a SIGKILLed nox leaves nothing runnin
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 
+from tools import harness
+
 GRACE = 30.0  # seconds a tool gets to clean up after a forwarded signal, before SIGKILL
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM, so it cleans up
 
 
 def run_tool(session, module: str, args: list[str]) -> None:
     """Run ``python -m module args`` in the session's environment; exit nox with its code."""
     python = os.path.join(session.bin, "python")
     session.log(f"python -m {module} {' '.join(args)}")
-    proc = subprocess.Popen([python, "-m", module, *args], preexec_fn=_die_with_parent,
+    nox = os.getpid()
+    # between fork and exec: SIGTERM (so the tool still cleans up) when nox dies
+    proc = subprocess.Popen([python, "-m", module, *args],
+                            preexec_fn=lambda: harness.die_with_parent(nox, signal.SIGTERM),
                             env={**os.environ, "PATH": f"{session.bin}{os.pathsep}{os.environ['PATH']}",
                                  "VIRTUAL_ENV": os.path.dirname(session.bin)})
 
