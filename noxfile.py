@@ -85,6 +85,16 @@ def pr(session: nox.Session) -> None:
     _tool(session, "tools.pr_bundle")
 
 
+@nox.session(python=False)
+def findings(session: nox.Session) -> None:
+    """FINDINGS.md from the recorded runs in findings/: `-- --record KIND[=RUN_DIR]` records a run."""
+    from tools import findings as tool
+
+    code = tool.main(session.posargs)
+    if code:
+        sys.exit(code)  # nox passes SystemExit through: its exit code is the tool's
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""

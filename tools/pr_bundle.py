@@ -6,6 +6,10 @@ Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on curren
 wrong, what changed, the before/after evidence, test evidence, the CHANGELOG entry). Refuses with
 exit 2 when the patch has not validated (``nox -s patches``) or an input cannot be read: every
 input is read and checked first, then each output is written atomically.
+
+Every run (also ``nox -s pr`` without a patch) writes ``results/pr/comments/``: a comment per
+upstream issue of the series and a new-issue draft for every bug without one (``tools/comments.py``),
+quoting the recorded runs of FINDINGS.md.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools import contract, patches, results
+from tools import comments, contract, findings, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
 # what the bundle reads of a row of ``nox -s patches`` (validate_patches.validate), and its types
@@ -89,8 +93,9 @@ def bisect_answer(path: str) -> str:
 
 def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
     issue = issue_of(patch)
-    title, _, text = patch.headers["Description"].partition("\n")
-    cause, *change = [" ".join(p.split()) for p in text.split("\n\n")]
+    part = comments.parts(patch)  # "Alternatives considered" is not part of what changed
+    title, cause, change = part["title"], part["cause"], part["change"]
+    recorded = findings.quote([patch.repro[0]], comments.columns_for([patch.repro[0]]))
     changelog = re.findall(r"(?m)^\+(- .*)$", patch.sections().get("src/lightning/pytorch/CHANGELOG.md", ""))
     table = ["| cell | on top of | applies | before | after | earlier fixes still hold |",
              "|---|---|---|---|---|---|"]
@@ -111,6 +116,9 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         "", *table, "",
         ("Lightning's own tests on a patched checkout of master: " if patch.target == "lightning" else
          "The test this change adds, on released torch without and with the change: ") + "; ".join(tests), "",
+        *(["### Alternatives considered", "", *[a + "\n" for a in part["alternatives"]]]
+          if part["alternatives"] else []),
+        *(["### Recorded runs on unpatched releases", "", recorded, ""] if recorded else []),
         *(["### Where it came in", "", bisect, ""] if bisect else []),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
         "<details><summary>Before submitting</summary>", "",
@@ -121,24 +129,34 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="nox -s pr --")
-    p.add_argument("patch", help="a patch of patches/series")
+    p.add_argument("patch", nargs="?", help="a patch of patches/series (none: only the comments)")
     p.add_argument("--bisect", help="a bisect report.md to quote (e.g. the 'never worked' answer)")
     a = p.parse_args(argv)
+    if a.bisect and not a.patch:
+        print("error: --bisect goes with a patch", file=sys.stderr)
+        return 2
     try:
-        (patch,) = patches.named(a.patch)
-        issue = issue_of(patch)
-        bisect = bisect_answer(a.bisect) if a.bisect else None
-        rows = evidence(patch)
-        if not rows or not all(r["ok"] for r in rows):
-            raise BadInput(f"{patch.name} has not validated: run `nox -s patches` first")
-        bundle = files(patch, issue, rows, bisect)
-    except (patches.PatchError, BadInput) as err:
+        bundle = {}
+        if a.patch:
+            (patch,) = patches.named(a.patch)
+            issue = issue_of(patch)
+            bisect = bisect_answer(a.bisect) if a.bisect else None
+            rows = evidence(patch)
+            if not rows or not all(r["ok"] for r in rows):
+                raise BadInput(f"{patch.name} has not validated: run `nox -s patches` first")
+            bundle = files(patch, issue, rows, bisect)
+        texts = comments.texts()
+    except contract.BadInput as err:  # the patch, the series, the recorded runs, drafts, questions
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = results.RESULTS / "pr" / patch.path.stem
+    out = results.RESULTS / "pr"
     for name, text in bundle.items():  # only now: a bad input above leaves the last bundle as it was
-        results.write_atomic(out / name, text)
-    print(f"PR bundle: {out}")
+        results.write_atomic(out / patch.path.stem / name, text)
+    for name, text in texts.items():
+        results.write_atomic(out / "comments" / name, text)
+    if bundle:
+        print(f"PR bundle: {out / patch.path.stem}")
+    print(f"comments: {out / 'comments'} ({', '.join(sorted(texts))})")
     return 0
 
 
