@@ -1,6 +1,7 @@
 """The patch series: parsing, checks against installed trees, and the torch patch for real."""
 
 import contextlib
+import difflib
 import json
 import os
 import re
@@ -245,14 +246,15 @@ def test_a_series_patch_splits_into_installable_sources_and_test_changes():
     installable = patch.installable_diff()
     assert "src/lightning/pytorch/strategies/ddp.py" in installable
     assert "CHANGELOG" not in installable and "tests/" not in installable
-    assert list(patch.test_changes()) == ["tests/tests_pytorch/strategies/test_ddp_trainable_change.py"]
+    tests = patch.test_changes()
+    assert tests and all(path.startswith("tests/tests_pytorch/") for path in tests)
     changelog = patch.sections()["src/lightning/pytorch/CHANGELOG.md"]
     assert re.search(r"(?m)^\+- Fixed DDP replicas .*\(\[#20340\]", changelog)
 
 
 def test_the_torch_patch_carries_a_test_in_torchs_layout():
     (patch,) = [p for p in patches.series() if p.target == "torch"]
-    assert list(patch.test_changes()) == ["test/distributed/test_ddp_sink_freed_module.py"]
+    assert patch.test_changes() and all(path.startswith("test/") for path in patch.test_changes())
     assert patch.installable_files() == ["torch/nn/parallel/distributed.py"]
 
 
@@ -290,7 +292,7 @@ def test_a_row_that_cannot_be_built_is_a_failed_row_not_a_crash(tmp_path, monkey
 
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
 
-    def earlier_patch_fails(patch, cell, out, earlier, log=print):
+    def earlier_patch_fails(patch, cell, out, earlier, log=print, repeat=5):
         raise patches.PatchError("lightning-x.patch does not apply: ['1 out of 2 hunks FAILED']")
 
     monkeypatch.setattr(validate_patches, "validate", earlier_patch_fails)
@@ -318,8 +320,8 @@ def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch,
     assert pr_bundle.main([patch.name]) == 0
     body = (tmp_path / "pr" / patch.path.stem / "body.md").read_text()
     assert body.startswith("## What does this PR do?\n\nFixes #20340")
-    assert "### What was wrong\n\ntorch's DistributedDataParallel decides once" in body
-    assert "### What changed\n\nThe strategy now remembers which parameters" in body
+    assert f"**{patch.headers['Description'].splitlines()[0]}**" in body
+    assert "### What was wrong\n\n" in body and "### What changed\n\n" in body
     assert (tmp_path / "pr" / patch.path.stem / "branch.txt").read_text().startswith("bugfix/20340_")
 
 
@@ -562,3 +564,448 @@ def test_after_the_first_interrupt_the_cleanup_is_not_cut_short():
         assert signal.getsignal(signal.SIGTERM) is before[1]
     finally:
         signal.signal(signal.SIGINT, before[0])
+
+
+# -- the gates: existing tests, flakiness, tools/gates.py, the table --------------------------
+
+OLD_TEXT = """import pytest
+
+
+def test_old(tmp_path):
+    assert True
+""" + "".join(f"# {i}\n" for i in range(6, 20)) + """class TestThings:
+    def test_kept(self):
+        pass
+"""
+NEW_TEXT = OLD_TEXT.replace("    assert True\n", """    Trainer(devices=2, strategy="ddp_spawn")  # changed
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_new_two_ranks(strategy):
+    Trainer(strategy=strategy)
+
+
+def test_new_one_process():
+    DDPStrategy(parallel_devices=[torch.device("cpu")], devices=1)
+""") + """
+    def test_new_method(self):
+        start_processes(run, nprocs=2)
+
+    def helper_new(self):
+        Trainer(devices=4)
+"""
+TEST_PATH = "tests/tests_pytorch/strategies/test_s.py"
+TEST_DIFF = "".join(difflib.unified_diff(OLD_TEXT.splitlines(True), NEW_TEXT.splitlines(True),
+                                         f"a/{TEST_PATH}", f"b/{TEST_PATH}"))
+
+
+def test_the_lines_a_diff_adds_are_numbered_as_in_the_new_file():
+    from tools import upstream_tests as ut
+
+    assert TEST_DIFF.count("@@ ") == 2  # two hunks
+    added = ut.added_lines(TEST_DIFF)
+    lines = NEW_TEXT.splitlines()
+    assert {lines[n - 1] for n in added} == set(NEW_TEXT.splitlines()) - set(OLD_TEXT.splitlines()) | {""}
+    assert min(added) == 5  # "def test_old" is context, its body line replaced
+    # the same from a diff whose blank context lines lost their space (as some editors save them)
+    assert ut.added_lines(TEST_DIFF.replace("\n \n", "\n\n")) == added
+
+
+def test_new_tests_are_found_and_the_multi_process_ones_picked(tmp_path):
+    from tools import upstream_tests as ut
+
+    path = TEST_PATH
+    found = ut.added_tests(path, TEST_DIFF, NEW_TEXT)
+    assert list(found) == [f"{path}::test_new_two_ranks", f"{path}::test_new_one_process",
+                           f"{path}::TestThings::test_new_method"]
+    assert found[f"{path}::test_new_two_ranks"].startswith("@pytest.mark.parametrize")  # decorators too
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(NEW_TEXT)
+    assert ut.multi_process_tests({path: TEST_DIFF}, tmp_path) == [
+        f"{path}::test_new_two_ranks", f"{path}::TestThings::test_new_method"]
+
+
+@pytest.mark.parametrize("source, several", [
+    ('Trainer(accelerator="cpu", devices=2)', True),
+    ("Trainer(devices=[0, 1])", True),
+    ("Trainer(devices=16)", True),
+    ('Trainer(strategy="ddp")', True),
+    ("DDPStrategy(start_method='spawn')", True),
+    ("mp.start_processes(f, nprocs=2)", True),
+    ("init_process_group('gloo', rank=0, world_size=2)", True),
+    ("Trainer(devices=1)", False),
+    ("Trainer(devices=[0])", False),
+    ('DDPStrategy(parallel_devices=[torch.device("cpu")])', False),
+    ("init_process_group('gloo', store=HashStore(), rank=0, world_size=1)", False),
+    ("def test_ddp_kwargs(): pass", False),
+])
+def test_the_multi_process_rule(source, several):
+    from tools import upstream_tests as ut
+
+    assert ut.is_multi_process(source) is several
+
+
+def test_covering_tests_are_the_existing_test_modules_of_each_source_module(tmp_path):
+    from tools import upstream_tests as ut
+
+    for rel in ("strategies/test_ddp.py", "strategies/test_ddp_integration.py", "strategies/test_ddp_x.txt",
+                "strategies/test_ddpx.py", "callbacks/test_finetuning_callback.py", "test_cli.py"):
+        (tmp_path / "tests/tests_pytorch" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests/tests_pytorch" / rel).write_text("")
+    files = ["src/lightning/pytorch/strategies/ddp.py", "src/lightning/pytorch/callbacks/finetuning.py",
+             "src/lightning/pytorch/cli.py", "src/lightning/pytorch/CHANGELOG.md",
+             "src/lightning/pytorch/strategies/__init__.py", "src/lightning/fabric/strategies/ddp.py",
+             "tests/tests_pytorch/strategies/test_ddp.py"]
+    assert ut.covering_tests(files, tmp_path) == [
+        f"tests/tests_pytorch/{rel}"
+        for rel in ("callbacks/test_finetuning_callback.py", "strategies/test_ddp.py",
+                    "strategies/test_ddp_integration.py", "test_cli.py")]
+
+
+CASE = ('<testcase classname="tests.tests_pytorch.test_a{cls}" name="{name}" '
+        'file="tests/tests_pytorch/test_a.py">')
+JUNIT = "\n".join([
+    '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">',
+    CASE.format(cls="", name="test_ok") + "</testcase>",
+    CASE.format(cls="", name="test_p[x-1]") + '<failure message="assert 0"/></testcase>',
+    CASE.format(cls=".TestC", name="test_m") + '<skipped message="GPU"/></testcase>',
+    CASE.format(cls="", name="test_td") + "</testcase>",
+    CASE.format(cls="", name="test_td") + '<error message="teardown"/></testcase>',
+    '<testcase classname="" name="tests.tests_pytorch.test_b">'
+    '<error message="collection failure"/></testcase>',
+    "</testsuite></testsuites>"])
+
+
+def test_a_junit_report_gives_one_outcome_per_node_id(tmp_path):
+    from tools import upstream_tests as ut
+
+    (tmp_path / "r.xml").write_text(JUNIT)
+    assert ut.read_junit(tmp_path / "r.xml") == {
+        "tests/tests_pytorch/test_a.py::test_ok": "passed",
+        "tests/tests_pytorch/test_a.py::test_p[x-1]": "failed",
+        "tests/tests_pytorch/test_a.py::TestC::test_m": "skipped",
+        "tests/tests_pytorch/test_a.py::test_td": "error",  # passed, then its teardown failed
+        "tests.tests_pytorch.test_b": "error"}
+
+
+def test_regressions_compare_per_node_id_not_counts():
+    from tools import upstream_tests as ut
+
+    before = {"a": "passed", "b": "passed", "c": "failed", "d": "passed", "e": "passed", "f": "skipped"}
+    after = {"a": "passed", "b": "failed", "c": "passed", "e": "skipped", "f": "failed", "new": "passed"}
+    # same counts would hide it: 4 passed before, and a test that failed now passes
+    assert ut.regressions(before, after) == {"b": "failed", "d": "missing", "e": "skipped"}
+    assert ut.regressions(before, before) == {}
+
+
+def fake_tree(root: Path, tests: dict[str, str]) -> Path:
+    """A checkout-shaped folder: ``src/`` and ``tests/tests_pytorch/<files>``."""
+    (root / "src").mkdir(parents=True)
+    for rel, text in tests.items():
+        (root / "tests/tests_pytorch" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "tests/tests_pytorch" / rel).write_text(text)
+    return root
+
+
+def test_the_existing_tests_gate_fails_when_a_test_that_passed_breaks(tmp_path):
+    """Real pytest runs on two small trees; the per-test comparison, not the summary line."""
+    from tools import upstream_tests as ut
+
+    ok = "def test_one():\n    pass\n\ndef test_two():\n    pass\n\ndef test_three():\n    assert False\n"
+    broken = ok.replace("def test_two():\n    pass", "def test_two():\n    assert False").replace(
+        "def test_three():\n    assert False", "def test_three():\n    pass")  # 1 fails, 1 fixed
+    files = ["tests/tests_pytorch/strategies/test_x.py"]
+    runs = {}
+    for name, text in (("before", ok), ("same", ok), ("broken", broken)):
+        tree = fake_tree(tmp_path / name, {"strategies/test_x.py": text})
+        runs[name] = ut.run_pytest(Path(sys.executable), tree, files, tmp_path / "logs" / name, timeout=120)
+    assert runs["before"].counts() == {"passed": 2, "failed": 1}
+    assert runs["broken"].counts() == runs["before"].counts()  # the summary line cannot tell
+    failed = ut.existing_tests_gate(runs["before"], runs["broken"], files)
+    assert not failed["ok"]
+    assert failed["text"].endswith("1 of 2 that passed do not: test_x.py::test_two (failed)")
+    passed = ut.existing_tests_gate(runs["before"], runs["same"], files)
+    assert passed["ok"] and passed["text"].endswith("all 2 that passed still pass")
+    crashed = ut.Report({}, -11, "Segmentation fault", reported=False)
+    assert not ut.existing_tests_gate(runs["before"], crashed, files)["ok"]
+    assert not ut.existing_tests_gate(crashed, runs["same"], files)["ok"]
+    assert ut.existing_tests_gate(None, runs["same"], [])["ok"]
+
+
+def test_a_child_that_died_is_named_in_the_test_gates():
+    from tools import upstream_tests as ut
+    from tools import validate_patches
+
+    file = "tests/tests_pytorch/strategies/test_x.py"
+    before = ut.Report({f"{file}::test_a": "passed", f"{file}::test_b[1]": "passed"}, 0)
+    output = "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGABRT"
+    died = ut.Report({f"{file}::test_a": "passed", f"{file}::test_b[1]": "failed"}, 1, output)
+    gate = ut.existing_tests_gate(before, died, [file])
+    assert not gate["ok"]
+    assert gate["text"].endswith("1 of 2 that passed do not: test_x.py::test_b[1] (failed); a child process "
+                                 "died of SIGABRT (test_b[1])")
+    tests = {file: "the diff"}
+    gate = validate_patches.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), died,
+                                                [file], [file])
+    assert not gate["ok"]
+    assert gate["text"] == ("master + its tests: 1 failed; patched: 1 passed, 1 failed (a child process died "
+                            "of SIGABRT (test_b[1]))")
+    assert validate_patches.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), before,
+                                                [file], [file])["ok"]
+
+
+FLAKY_TEST = '''
+import os
+import sys
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+COUNTER = Path(__file__).with_name("runs")
+
+
+def child(rank, abort):
+    if abort and rank == 1:
+        os.abort()  # as a child aborting at exit ("terminate called without an active exception")
+
+
+def test_two_processes():
+    run = int(COUNTER.read_text()) + 1 if COUNTER.exists() else 1
+    COUNTER.write_text(str(run))
+    mp.start_processes(child, args=(run == int(os.environ.get("ABORT_ON_RUN", 0)),), nprocs=2,
+                       start_method="fork")
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("abort_on", [0, 2], ids=["steady", "child-aborts-on-run-2"])
+def test_the_flaky_gate_counts_failed_runs_and_names_a_childs_sigabrt(tmp_path, monkeypatch, abort_on):
+    from tools import upstream_tests as ut
+
+    tree = fake_tree(tmp_path / "tree", {"test_mp.py": FLAKY_TEST})
+    node = "tests/tests_pytorch/test_mp.py::test_two_processes"
+    section = "--- /dev/null\n+++ b/tests/tests_pytorch/test_mp.py\n@@ -0,0 +1,22 @@\n" + "".join(
+        f"+{line}\n" for line in FLAKY_TEST.splitlines()[1:])
+    assert ut.multi_process_tests({"tests/tests_pytorch/test_mp.py": section}, tree) == [node]
+    monkeypatch.setenv("ABORT_ON_RUN", str(abort_on))
+    result = ut.flaky_gate([node], 3, lambda i: ut.run_pytest(Path(sys.executable), tree, [node],
+                                                               tmp_path / f"run-{i}", timeout=120))
+    if abort_on:
+        assert not result["ok"]
+        assert result["text"] == ("1/3 failed (1 tests: test_two_processes): run 2: a child process died "
+                                  "of SIGABRT (test_two_processes)")
+        assert [r["failed"] for r in result["details"]["runs"]] == [False, True, False]
+    else:
+        assert result["ok"] and result["text"] == "0/3 failed (1 tests: test_two_processes)"
+    nothing = ut.flaky_gate([], 3, lambda i: pytest.fail("nothing to run"))
+    assert nothing == {"ok": True, "text": "no new multi-process test"}
+
+
+@pytest.mark.parametrize("returncode, output, failing, expected", [
+    (-6, "", [], "the test process died of SIGABRT"),
+    (1, "ProcessExitedException: process 1 terminated with signal SIGSEGV", ["t::x"],
+     "a child process died of SIGSEGV (x)"),
+    (1, "AssertionError: child exit code -6", ["t::x"], "a child process died of SIGABRT (x)"),
+    (1, "terminate called without an active exception\nAborted (core dumped)", [],
+     "a process aborted (SIGABRT)"),
+    (1, "assert 1 == 2", ["t::x", "t::y[a]"], "failed: x, y[a]"),
+    (4, "ERROR: file or directory not found", [], "exit 4, no report"),
+])
+def test_a_failed_run_says_how_it_failed(returncode, output, failing, expected):
+    from tools import upstream_tests as ut
+
+    report = ut.Report({node: "failed" for node in failing}, returncode, output, reported=bool(failing))
+    assert ut.run_failed(report)
+    assert ut.describe(report) == expected
+    assert ut.describe(ut.Report({}, -9, "", timed_out=True)) == "timed out; its processes were killed"
+
+
+def test_torch_style_tests_repeat_by_class_and_name(tmp_path, monkeypatch):
+    from tools import upstream_tests as ut
+    from tools import validate_patches
+
+    test = tmp_path / "test" / "distributed" / "test_t.py"
+    test.parent.mkdir(parents=True)
+    test.write_text("import os, unittest\n\nclass T(unittest.TestCase):\n"
+                    "    def test_a(self):\n        self.assertFalse(os.environ.get('FAIL'))\n\n"
+                    "    def test_b(self):\n        pass\n\n"
+                    "if __name__ == '__main__':\n    unittest.main()\n")
+    node = "test/distributed/test_t.py::T::test_a"
+    ok = validate_patches.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "ok")
+    assert ok.returncode == 0 and "Ran 1 test" in ok.output and not ut.run_failed(ok)
+    monkeypatch.setenv("FAIL", "1")
+    bad = validate_patches.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "bad")
+    assert ut.run_failed(bad) and ut.describe(bad) == "exit 1"
+
+
+def fake_gates(monkeypatch, **results):
+    """A ``tools.gates`` of the agreed API whose gates answer ``results`` (name -> ok, or an
+    exception to raise)."""
+    import types as pytypes
+
+    from tools import validate_patches
+
+    module = pytypes.ModuleType("tools.gates")
+    module.Gate = lambda name, ok, text, details="": pytypes.SimpleNamespace(name=name, ok=ok, text=text,
+                                                                             details=details)
+    calls = {}
+
+    def answer(name, *args, **kwargs):
+        calls[name] = args
+        if isinstance(results[name], Exception):
+            raise results[name]
+        return module.Gate(name, results[name], f"{name} {'clean' if results[name] else 'broken'}",
+                           f"full {name} output")
+
+    module.typecheck = lambda before, after, files, log=print: answer("types", before, after, files)
+    module.lint = lambda after, changed, log=print, before=None: answer("lint", after, changed, before)
+    module.license_headers = lambda after, added: answer("license", after, added)
+    module.changelog = lambda patch, after: answer("changelog", patch, after)
+    import tools
+
+    monkeypatch.setitem(sys.modules, "tools.gates", module)
+    monkeypatch.setattr(tools, "gates", module, raising=False)
+    return validate_patches, calls
+
+
+def test_the_gates_of_tools_gates_plug_in_fail_and_pass(tmp_path, monkeypatch):
+    (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
+    validate_patches, calls = fake_gates(monkeypatch, types=True, lint=False, license=True,
+                                         changelog=RuntimeError("no CHANGELOG.md"))
+    gates = validate_patches.other_gates(patch, tmp_path / "before", tmp_path / "after", tmp_path / "logs")
+    assert {name: (g["ok"], g["text"]) for name, g in gates.items()} == {
+        "types": (True, "types clean"), "lint": (False, "lint broken"), "license": (True, "license clean"),
+        "changelog": (False, "could not run: RuntimeError: no CHANGELOG.md")}
+    assert (tmp_path / "logs" / "lint.txt").read_text() == "full lint output\n"
+    assert calls["types"][2] == [f for f in patch.files if f.endswith(".py")]
+    assert calls["license"][1] == validate_patches.added_files(patch)
+    assert calls["lint"][2] == tmp_path / "before"
+
+
+def test_a_torch_patch_without_a_test_fails_and_one_changing_torchs_own_test_file_is_skipped(
+        tmp_path, monkeypatch):
+    from tools import validate_patches
+
+    monkeypatch.setattr(validate_patches.envs, "install_args", lambda *a: pytest.fail("an env was made"))
+    cell = matrix.load().cells[0]
+    untested = patches.parse(write(tmp_path, HEAD + DIFF))
+    gates = validate_patches.torch_gates(untested, cell, tmp_path, 5)
+    assert not gates["upstream tests"]["ok"]
+    assert gates["upstream tests"]["text"].startswith("the patch adds no test")
+    own_test = DIFF.replace("torch/m.py", "test/test_m.py")
+    own = patches.parse(write(tmp_path, HEAD + DIFF + own_test, "own.patch"))
+    gates = validate_patches.torch_gates(own, cell, tmp_path, 5)
+    reason = "skipped: it changes torch's own test/test_m.py (no torch checkout)"
+    assert gates["upstream tests"] == gates["flaky"] == {"ok": True, "text": reason}
+
+
+def test_the_files_a_patch_creates(tmp_path):
+    from tools import validate_patches
+
+    new = ("diff --git a/torch/new.py b/torch/new.py\nnew file mode 100644\n--- /dev/null\n"
+           "+++ b/torch/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
+    patch = patches.parse(write(tmp_path, HEAD + "diff --git a/torch/m.py b/torch/m.py\n" + DIFF + new))
+    assert patch.files == ["torch/m.py", "torch/new.py"]
+    assert validate_patches.added_files(patch) == ["torch/new.py"]
+
+
+def test_without_tools_gates_its_gates_say_so(tmp_path, monkeypatch):
+    import tools
+    from tools import validate_patches
+
+    monkeypatch.setitem(sys.modules, "tools.gates", None)
+    monkeypatch.delattr(tools, "gates", raising=False)
+    (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
+    gates = validate_patches.other_gates(patch, tmp_path, tmp_path, tmp_path)
+    assert set(gates) == {"types", "lint", "license", "changelog"}
+    assert all(g == {"ok": True, "text": "not run: no tools/gates.py"} for g in gates.values())
+
+
+def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_it(tmp_path, monkeypatch,
+                                                                                   capsys):
+    from tools import pr_bundle, validate_patches
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
+    (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
+    gates = {name: {"ok": True, "text": f"{name} fine"} for name in validate_patches.GATES}
+    flaky = "1/5 failed (1 tests: test_x): run 3: a child process died of SIGABRT"
+    gates["flaky"] = {"ok": False, "text": flaky}
+    monkeypatch.setattr(validate_patches, "upstream", lambda *a, **k: ("base: applies", gates))
+    monkeypatch.setattr(validate_patches, "patched_env", lambda args, folder, applied: Path(sys.executable))
+    monkeypatch.setattr(validate_patches, "site_packages", lambda python: tmp_path / "site")
+    monkeypatch.setattr(patches, "installed_root", lambda site, p: (site, 4))
+    monkeypatch.setattr(patches, "check", lambda *a: patches.Check("applies"))
+    monkeypatch.setattr(validate_patches.envs, "ensure", lambda *a, **k: Path(sys.executable))
+    monkeypatch.setattr(validate_patches.envs, "install_args", lambda *a: [])
+    verdicts = iter(["bad", "good"] * 20)
+    monkeypatch.setattr(validate_patches, "run", lambda p, python, stem: harness.RunResult(
+        0, next(verdicts), None, 1.0, 0))
+    assert validate_patches.main(["--patch", patch.name, "--cell", patch.cells[0]]) == 1
+    table = capsys.readouterr().out.split("\n| patch |", 1)[1].splitlines()
+    for name in validate_patches.GATES:
+        assert f" {name} |" in table[0]
+    assert f"| FAILS: {flaky} |" in table[2] and table[2].endswith("| NO |")
+    summary = next(tmp_path.glob("patches/*/summary.json"))
+    (row,) = pr_bundle.read_summary(summary)
+    assert row["gates"]["flaky"]["ok"] is False and row["ok"] is False
+    assert row["upstream_tests"] == "upstream tests fine"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--script", "no-such-script.py", "--signature", "x"], "--script no-such-script.py: not found"),
+    (["--script", "repro", "--signature", "x"], "--script repro: is a directory"),
+    (["--script", "repro/backbone_finetuning_ddp.py"],
+     "--script needs --signature REGEX (what its output shows when the bug is there), or --verdict-line if "
+     "it prints the contract's verdict line"),
+    (["--script", "repro/backbone_finetuning_ddp.py", "--signature", "("],
+     "--signature '(' is not a valid regex: missing ), unterminated subpattern at position 0"),
+    (["--signature", "x"], "--signature and --verdict-line go with --script"),
+    (["--script", "repro/backbone_finetuning_ddp.py", "--verdict-line", "--cell", "pl0_0_0_torch0_0_0"],
+     "no patch of the series targets cell 'pl0_0_0_torch0_0_0'"),
+    (["--repeat", "0"], "--repeat takes a number >= 1"),
+    (["--repeat", "many"], "argument --repeat: invalid int value: 'many'"),
+], ids=["missing", "directory", "no-signature", "bad-regex", "signature-alone", "unknown-cell", "repeat-0",
+        "repeat-nan"])
+def test_script_and_repeat_input_errors_are_one_line_and_exit_2_before_anything_is_made(
+        tmp_path, monkeypatch, capsys, argv, message):
+    from tools import validate_patches
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(validate_patches.envs, "ensure", lambda *a, **k: pytest.fail("an env was made"))
+    monkeypatch.setattr(validate_patches, "validate", lambda *a, **k: pytest.fail("validation started"))
+    assert validate_patches.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_a_users_script_is_bad_without_the_series_and_good_with_it(tmp_path, monkeypatch, capsys):
+    """The #20340 repro run as a user's own script (judged by a signature regex, not its verdict
+    line) in one cell: the cell's release as is, then with every patch that targets the cell."""
+    from tools import validate_patches
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
+    cell = "lightning2_6_6_torch2_13_0"
+    if not any(cell in p.cells for p in patches.series()):
+        pytest.skip(f"no patch of the series targets {cell}")
+    # the patch rows are validated elsewhere: only the script's rows here
+    monkeypatch.setattr(validate_patches, "validate", lambda p, c, out, earlier, log=print, repeat=5: {
+        "patch": p.name, "cell": c.id, "on_top_of": [], "applies": "applies", "checkouts": "-",
+        "before": "bad", "after": "good", "after_detail": None, "series_still_fixed": {},
+        "upstream_tests": "-", "gates": {}, "ok": True})
+    script = ROOT / "repro" / "backbone_finetuning_ddp.py"
+    code = validate_patches.main(["--cell", cell, "--script", str(script),
+                                  "--signature", r"replicas out of sync from epoch \d+"])
+    out = capsys.readouterr().out
+    rows = json.loads(next(tmp_path.glob("patches/*/summary.json")).read_text())
+    (row,) = [r for r in rows if r["patch"].startswith("(your script)")]
+    assert (row["patch"], row["cell"]) == ("(your script) backbone_finetuning_ddp.py", cell)
+    assert row["before"] == "bad", row.get("before_detail") or row["applies"]
+    assert row["before_detail"].startswith("signature /replicas out of sync")
+    assert row["after"] == "good", row["after_detail"]
+    assert row["on_top_of"] == [p.name for p in patches.series() if cell in p.cells]
+    assert row["ok"] and code == 0
+    assert f"| (your script) backbone_finetuning_ddp.py | {cell} |" in out

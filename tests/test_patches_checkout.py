@@ -1,14 +1,18 @@
 """The Lightning patches on a real Lightning checkout (needs LIGHTNING_REPO).
 
 quilt's contract: each patch applies exactly (no offset) at its ``X-Base`` on top of the earlier
-Lightning patches of the series, and still applies at master.
+Lightning patches of the series, and still applies at master. The existing-tests gate of
+``nox -s patches`` fails a patch that breaks a test that passed without it.
 """
 
+import difflib
 import os
+import re
+import shutil
 
 import pytest
 
-from tools import gitrange, patches, validate_patches
+from tools import gitrange, matrix, patches, validate_patches
 
 REPO = os.environ.get("LIGHTNING_REPO")
 pytestmark = pytest.mark.skipif(not REPO, reason="set LIGHTNING_REPO to a Lightning git checkout")
@@ -34,3 +38,87 @@ def test_an_unknown_base_is_reported_not_raised(tmp_path):
     states = validate_patches.checkout_states(patch, repo, wt, [])
     assert states.startswith("base: fails (unknown git ref 'no-such-ref-anywhere')")
     repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
+
+
+FINETUNING = "src/lightning/pytorch/callbacks/finetuning.py"
+BREAKING = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: someone <someone@example.invalid>
+Subject: [PATCH] make_trainable leaves parameters frozen
+
+A change that breaks an existing test on purpose.
+
+Bug: https://github.com/Lightning-AI/pytorch-lightning/issues/1
+Forwarded: no
+Origin: other
+Last-Update: 2026-11-30
+X-Target: lightning
+X-Base: {base}
+X-Cells: {cell}
+X-Repro: repro/finetuning_resume.py
+X-Expect-Before: bad
+X-Expect-After: good
+---
+"""
+
+
+def series_with_a_breaking_patch(tmp_path, repo) -> list[patches.Patch]:
+    """The real series copied to ``tmp_path``, plus a last patch, made here against master with
+    the real Lightning patches applied, after which ``BaseFinetuning.make_trainable`` leaves
+    parameters frozen."""
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    real = patches.series()
+    for p in real:
+        shutil.copy(p.path, folder / p.name)
+    master = gitrange.resolve(repo, "master")
+    wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
+    tree = validate_patches.on_top_of(wt, master, [p for p in real if p.target == "lightning"])
+    old = (tree / FINETUNING).read_text()
+    new = old.replace("param.requires_grad = True", "param.requires_grad = False", 1)
+    assert new != old
+    diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{FINETUNING}",
+                                        f"b/{FINETUNING}"))
+    cell = next(p for p in real if p.target == "lightning").cells[0]
+    (folder / "breaks.patch").write_text(BREAKING.format(base=master, cell=cell)
+                                         + f"diff --git a/{FINETUNING} b/{FINETUNING}\n" + diff)
+    (folder / "series").write_text("".join(f"{p.name}\n" for p in real) + "breaks.patch\n")
+    repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
+    return patches.series(folder)
+
+
+def existing_tests_gate(monkeypatch, patch, out):
+    """``upstream()`` as ``nox -s patches`` runs it for one patch, tools/gates.py's gates left out."""
+    monkeypatch.setattr(validate_patches, "_UPSTREAM", {})
+    monkeypatch.setattr(validate_patches, "other_gates", lambda *a, **k: {
+        name: {"ok": True, "text": "not run here"} for name in validate_patches.OTHER_GATES})
+    cell = next(c for c in matrix.load().cells if c.id == patch.cells[0])
+    _, gates = validate_patches.upstream(patch, cell, out, repeat=1, log=lambda msg: None)
+    return gates
+
+
+@pytest.mark.timeout(900)
+def test_a_patch_that_breaks_an_existing_test_fails_the_existing_tests_gate(tmp_path, monkeypatch):
+    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    *_, broken = series_with_a_breaking_patch(tmp_path, repo)
+    gates = existing_tests_gate(monkeypatch, broken, tmp_path / "out")
+    existing = gates["existing tests"]
+    assert not existing["ok"], existing["text"]
+    assert re.search(r"\d+ of \d+ that passed do not: test_finetuning_callback\.py::\w+ \(failed\)",
+                     existing["text"]), existing["text"]
+    assert all(node.startswith("tests/tests_pytorch/callbacks/test_finetuning_callback.py::")
+               for node in existing["details"]["broken"])
+    assert not gates["upstream tests"]["ok"]  # it adds no test either
+    assert gates["flaky"] == {"ok": True, "text": "no new multi-process test"}
+
+
+@pytest.mark.timeout(900)
+def test_the_finetuning_patch_keeps_every_existing_test_passing(tmp_path, monkeypatch):
+    found = [p for p in patches.series() if p.name == "lightning-finetuning-resume-unfrozen.patch"]
+    if not found:
+        pytest.skip("the finetuning patch is not in the series")
+    (patch,) = found
+    gates = existing_tests_gate(monkeypatch, patch, tmp_path / "out")
+    existing = gates["existing tests"]
+    assert existing["ok"], existing["text"]
+    assert re.search(r"all \d+ that passed still pass$", existing["text"])
+    assert gates["upstream tests"]["ok"], gates["upstream tests"]["text"]

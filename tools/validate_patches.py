@@ -5,15 +5,26 @@ matrix cell it names (``X-Cells``): the cell's era-correct environment with the 
 that target the cell applied is the *before*; the same plus this patch is the *after* (both are
 throwaway uv environments, cheap from uv's cache; the cached cell environment is never modified).
 The patch's repro runs in both through the harness, and the earlier patches' repros run again in
-the *after* environment: the series must stay fixed. With a Lightning checkout (``LIGHTNING_REPO``)
-each Lightning patch is also applied to worktrees at its ``X-Base`` and at master, and Lightning's
-own tests run there: the patch's new tests must fail without it and its test files pass with it.
+the *after* environment: the series must stay fixed.
 
-    nox -s patches [-- --patch NAME] [--cell ID]
+Then the gates, once per patch (``GATES``; each ``{"ok", "text"}``, any failed gate fails the
+row). With a Lightning checkout (``LIGHTNING_REPO``) each Lightning patch is applied to worktrees
+at its ``X-Base`` and at master, and Lightning's own tests run at master: the patch's new tests
+must fail without it and its test files pass with it; the existing tests covering what it changes
+must still pass (``upstream_tests.py``); its new multi-process tests must pass ``--repeat`` times;
+types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``.
 
-Writes ``results/patches/<time>/summary.md`` and ``summary.json``; exit 1 when a patch does not
-apply or does not fix its bug in a cell, 2 for a malformed patch or an unknown cell, 130 when
-interrupted (Ctrl-C or SIGTERM: the rows done are kept, the throwaway environments removed).
+    nox -s patches [-- --patch NAME] [--cell ID] [--repeat K]
+                   [--script PATH (--signature REGEX | --verdict-line)]
+
+``--script``: a user's own script, unmodified, in each cell the series targets (or ``--cell``)
+without any patch and with every patch that targets the cell: extra rows, as required when it is
+bad before and good after.
+
+Writes ``results/patches/<time>/summary.md`` and ``summary.json``; exit 1 when a row is not as
+required, 2 for bad input (a malformed patch, an unknown cell, a missing script; before anything
+is made), 130 when interrupted (Ctrl-C or SIGTERM: the rows done are kept, the throwaway
+environments removed).
 """
 
 from __future__ import annotations
@@ -26,14 +37,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from tools import contract, envs, harness, index, matrix, patches, results
+from tools import upstream_tests as ut
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 TEST_TORCH = "2.13.0"  # the torch of the upstream test environment
+REPEAT = 5  # runs of each new multi-process test (the flaky gate)
 
 
 def site_packages(python: Path) -> Path:
@@ -123,7 +137,7 @@ def patched_env(args: list[str], folder: Path, applied: list[patches.Patch]) -> 
 
 
 def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[patches.Patch],
-             log=print) -> dict:
+             log=print, repeat: int = REPEAT) -> dict:
     """``earlier``: the patches before this one in the series that target this cell."""
     args = envs.install_args(cell.package, cell.lightning, cell.torch)
     cell_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
@@ -140,88 +154,217 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
         after = run(patch, after_py, logs / "after")
         still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
     row["before"], row["after"] = before.verdict, after.verdict
-    row["after_detail"] = ((after.record or {}).get("details") or {}).get("summary") or after.reason
+    row["after_detail"] = detail(after)
     row["series_still_fixed"] = still
-    row["checkouts"], row["upstream_tests"] = upstream(patch, cell, log)
-    row["ok"] = ("NOT as required" not in row["upstream_tests"]
-                 and "fails" not in row["checkouts"]
+    row["checkouts"], row["gates"] = upstream(patch, cell, out, repeat, log)
+    row["upstream_tests"] = row["gates"]["upstream tests"]["text"]  # what `nox -s pr` quotes
+    row["ok"] = ("fails" not in row["checkouts"]
                  and checked.state in ("applies", "drift")
                  and before.verdict == patch.headers["X-Expect-Before"]
                  and after.verdict == patch.headers["X-Expect-After"]
-                 and all(still[e.name] == e.headers["X-Expect-After"] for e in earlier))
+                 and all(still[e.name] == e.headers["X-Expect-After"] for e in earlier)
+                 and all(g["ok"] for g in row["gates"].values()))
+    failed = [name for name, g in row["gates"].items() if not g["ok"]]
     log(f"  {patch.name} x {cell.id}: {row['applies']}; before {row['before']}, "
-        f"after {row['after']} ({row['after_detail']}); earlier patches still: {still or '-'}")
+        f"after {row['after']} ({row['after_detail']}); earlier patches still: {still or '-'}; "
+        f"gates failed: {', '.join(failed) or 'none'}")
     return row
 
 
-_UPSTREAM: dict[str, tuple[str, str]] = {}  # per patch: the same answer for every cell
+def detail(result: harness.RunResult) -> str | None:
+    return ((result.record or {}).get("details") or {}).get("summary") or result.reason
 
 
-def upstream(patch: patches.Patch, cell: matrix.Cell, log=print) -> tuple[str, str]:
-    """On worktrees of a Lightning checkout, the earlier Lightning patches of the series applied:
-    does the patch apply at its ``X-Base`` and at master; do its new tests fail on master without
-    it, and do the test files it names (``X-Tests``) pass with it? A torch patch's own tests run
-    on the cell's torch instead (no torch checkout here)."""
+# -- the gates: once per patch, on checkouts ----------------------------------------------------
+
+GATES = ("upstream tests", "existing tests", "flaky", "types", "lint", "license", "changelog")
+OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/gates.py's
+SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
+_UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
+_TREES: dict[str, tuple] = {}
+
+
+def upstream(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int = REPEAT,
+             log=print) -> tuple[str, dict[str, dict]]:
+    """The checkout states and the gates of a patch (see ``GATES``), on two sparse worktrees of
+    a Lightning checkout at master, both with the earlier Lightning patches of the series
+    applied: *before* without the patch, *after* with it. A torch patch's own tests run on the
+    cell's torch instead (no torch checkout here).
+
+    - upstream tests: the patch's test changes alone must fail; the test files it names
+      (``X-Tests``) must pass with it;
+    - existing tests, flaky: ``tools/upstream_tests.py``;
+    - types, lint, license, changelog: ``tools/gates.py`` (``other_gates``).
+    """
     if patch.target == "torch":
-        return "not checked: no torch checkout", torch_tests(patch, cell, log)
-    source = os.environ.get("LIGHTNING_REPO")
-    if not source:
-        reason = "skipped: no Lightning checkout configured (LIGHTNING_REPO)"
-        return reason, reason
-    if patch.name in _UPSTREAM:
-        return _UPSTREAM[patch.name]
+        return "not checked: no torch checkout", torch_gates(patch, cell, out, repeat, log)
+    if not os.environ.get("LIGHTNING_REPO"):
+        return ("skipped: no Lightning checkout configured (LIGHTNING_REPO)",
+                {name: ut.gate(True, "skipped: no LIGHTNING_REPO") for name in GATES})
+    if patch.name not in _UPSTREAM:
+        _UPSTREAM[patch.name] = lightning_gates(patch, out / "logs" / patch.name / "upstream", repeat, log)
+    return _UPSTREAM[patch.name]
+
+
+def worktrees(repo) -> tuple:
+    """The *before* and *after* worktrees of the Lightning clone, each claimed for the life of
+    this process (two validations at once take their own), with what the gates need checked out."""
     from tools import gitrange
 
-    series = patches.series(patch.path.parent)
-    earlier = [p for p in series[:series.index(patch)] if p.target == "lightning"]
-    repo = gitrange.open_repo(source, CACHE / "repos")
-    wt = gitrange.Worktree(repo, CACHE / "worktrees" / "upstream-tests",
-                           sparse=("src", "requirements", "tests"))
+    if repo.git_dir not in _TREES:
+        pair = tuple(gitrange.Worktree.claim(repo, CACHE / "worktrees" / f"upstream-{side}")
+                     for side in ("before", "after"))
+        for wt in pair:
+            wt.git.sparse_checkout("set", "--no-cone", *SPARSE)
+        _TREES[repo.git_dir] = pair
+    return _TREES[repo.git_dir]
 
-    def at(sha: str) -> Path:
-        return on_top_of(wt, sha, earlier)
 
-    states = checkout_states(patch, repo, wt, earlier)
+def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) -> tuple[str, dict]:
+    from tools import gitrange
+
+    series = patches.series(patch.path.parent)  # read again: its files may have changed, find it by name
+    names = [p.name for p in series]
+    k = names.index(patch.name) if patch.name in names else 0
+    earlier = [p for p in series[:k] if p.target == "lightning"]
+    repo = gitrange.open_repo(os.environ["LIGHTNING_REPO"], CACHE / "repos")
+    before_wt, after_wt = worktrees(repo)
+    states = checkout_states(patch, repo, after_wt, earlier)
     master = gitrange.resolve(repo, "master")
-    path = at(master)
+    before = on_top_of(before_wt, master, earlier)
     python = envs.ensure(f"upstream-tests-{master[:12]}",
-                         envs.era_args([*wt.requirements(), "pytest"], TEST_TORCH,
+                         envs.era_args([*before_wt.requirements(), "pytest"], TEST_TORCH,
                                        datetime.fromisoformat(gitrange.commit_info(repo, master).date)),
                          log=log)
     tests = patch.test_changes()
     named = patch.headers.get("X-Tests", "").split() or list(tests)
-    # without the fix: only the patch's test changes, applied alone, must fail
-    patches.apply(patch, path, 1, "".join(tests.values()))
-    before = pytest_counts(python, path, list(tests))
-    path = at(master)
-    patches.apply(patch, path, 1)
-    after = pytest_counts(python, path, named)
-    wt.checkout(master)
-    ok = before.get("failed", 0) > 0 and not after.get("failed") and not after.get("error")
-    text = (f"master + its tests: {_fmt(before)}; patched: {_fmt(after)}"
-             f"{'' if ok else ' (NOT as required)'}")
-    _UPSTREAM[patch.name] = states, text
-    return _UPSTREAM[patch.name]
+    alone = None
+    if tests:  # without the fix: only the patch's test changes, applied alone, must fail
+        patches.apply(patch, on_top_of(after_wt, master, earlier), 1, "".join(tests.values()))
+        alone = ut.run_pytest(python, after_wt.path, list(tests), logs / "its-tests-without-the-fix")
+    after = on_top_of(after_wt, master, earlier)
+    patches.apply(patch, after, 1)
+    gates = other_gates(patch, before, after, logs, log)  # on trees no test has run in yet
+    covering = ut.covering_tests(patch.files, before)
+    existing = sorted({*covering, *(f for f in named if (before / f).is_file())})
+    present = [f for f in named if (after / f).is_file()]
+    log(f"  {patch.name}: existing tests ({len(existing)} modules) without and with it")
+    without = ut.run_pytest(python, before, existing, logs / "existing-without") if existing else None
+    targets = sorted({*existing, *present})  # (no target at all would be the whole test suite)
+    with_it = ut.run_pytest(python, after, targets, logs / "with") if targets else ut.Report({}, 0)
+    gates["upstream tests"] = upstream_tests_gate(tests, alone, with_it, named, present)
+    gates["existing tests"] = ut.existing_tests_gate(without, with_it, existing)
+    several = ut.multi_process_tests(tests, after)
+    if several:
+        log(f"  {patch.name}: {len(several)} new multi-process tests, {repeat} runs")
+    gates["flaky"] = ut.flaky_gate(several, repeat,
+                                   lambda i: ut.run_pytest(python, after, several, logs / f"flaky-{i}"))
+    for wt in (before_wt, after_wt):
+        wt.checkout(master)
+    return states, {name: gates[name] for name in GATES}
 
 
-def torch_tests(patch: patches.Patch, cell: matrix.Cell, log=print) -> str:
-    """The torch patch's test files (torch's own style: ``python test/...py``) on the cell's torch,
-    in two throwaway environments (torch's test helpers need ``expecttest``): they must fail
-    without the fix and pass with it."""
+def upstream_tests_gate(tests: dict, alone, with_it, named: list[str], present: list[str]) -> dict:
+    """The patch's test changes fail on master without the fix; the files of ``X-Tests`` pass
+    with it."""
+    if not tests:
+        return ut.gate(False, "the patch adds no test (a PR needs one that fails without the fix)")
+    before, after = alone.counts(), with_it.counts(present)
+    missing = [f for f in named if f not in present]
+    ok = (before.get("failed", 0) > 0 and after.get("passed", 0) > 0 and not after.get("failed")
+          and not after.get("error") and not missing)
+    failing = [n for n in with_it.failing() if n.split("::")[0] in present]
+    how = f" ({ut.describe(with_it)})" if failing or not with_it.reported else ""
+    return ut.gate(ok, f"master + its tests: {_fmt(before)}; patched: {_fmt(after)}{how}"
+                       + (f"; X-Tests names missing files: {', '.join(missing)}" if missing else ""))
+
+
+def added_files(patch: patches.Patch) -> list[str]:
+    """The files the patch creates."""
+    return [path for path, text in patch.sections().items()
+            if re.search(r"(?m)^(new file mode |--- /dev/null)", text)]
+
+
+def other_gates(patch: patches.Patch, before: Path, after: Path, logs: Path, log=print) -> dict[str, dict]:
+    """THE PLACE where the gates of ``tools/gates.py`` plug in: types, lint, license headers and
+    the CHANGELOG entry, on the *before* and *after* trees. Without that module they are not run;
+    a gate that raises fails, with the error as its text. A gate's full output goes to
+    ``logs/<gate>.txt``."""
+    try:
+        from tools import gates
+    except ModuleNotFoundError as err:
+        if err.name != "tools.gates":
+            raise
+        return {name: ut.gate(True, "not run: no tools/gates.py") for name in OTHER_GATES}
+    python_files = [f for f in patch.files if f.endswith(".py")]
+    calls = {"types": lambda: gates.typecheck(before, after, python_files, log),
+             "lint": lambda: gates.lint(after, patch.files, log, before=before),
+             "license": lambda: gates.license_headers(after, added_files(patch)),
+             "changelog": lambda: gates.changelog(patch, after)}
+    out = {}
+    for name, call in calls.items():
+        try:
+            result = call()
+        except Exception as err:  # noqa: BLE001  (a gate that cannot run fails, it does not stop the rest)
+            out[name] = ut.gate(False, f"could not run: {type(err).__name__}: {err}")
+            continue
+        out[name] = ut.gate(result.ok, result.text)
+        if result.details:
+            results.write_atomic(logs / f"{name}.txt", f"{result.details}\n")
+            out[name]["log"] = str(logs / f"{name}.txt")
+    return out
+
+
+def torch_gates(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int, log=print) -> dict:
+    """A torch patch's new test files (torch's own style: ``python test/...py``) on the cell's
+    torch, in two throwaway environments (torch's test helpers need ``expecttest``): they must
+    fail without the fix and pass with it; its new multi-process tests run ``repeat`` times with
+    it. Changes to torch's existing test files are not run (they need a torch checkout)."""
+    gates = {name: ut.gate(True, "not run: no torch checkout") for name in GATES}
     tests = patch.test_changes()
     if not tests:
-        return "not run: the patch has no test"
+        gates["upstream tests"] = ut.gate(False, "the patch adds no test (a PR needs one that fails "
+                                                 "without the fix)")
+        return gates
+    existing = [path for path in tests if path not in added_files(patch)]
+    if existing:  # a change to torch's own test file needs that file (and its helpers): a checkout
+        reason = f"skipped: it changes torch's own {', '.join(existing)} (no torch checkout)"
+        gates["upstream tests"] = gates["flaky"] = ut.gate(True, reason)
+        return gates
     args = [*envs.install_args(cell.package, cell.lightning, cell.torch), "expecttest"]
+    logs = out / "logs" / patch.name / cell.id
     with scratch("torch-tests-") as tmp:
         tree = tmp / "tree"
         tree.mkdir()
         patches.apply(patch, tree, 1, "".join(tests.values()))
         before = unittest_counts(patched_env(args, tmp / "before", []), tree, list(tests))
-        after = unittest_counts(patched_env(args, tmp / "after", [patch]), tree, list(tests))
+        after_py = patched_env(args, tmp / "after", [patch])
+        after = unittest_counts(after_py, tree, list(tests))
+        several = ut.multi_process_tests(tests, tree)
+        gates["flaky"] = ut.flaky_gate(several, repeat,
+                                       lambda i: torch_run(after_py, tree, several, logs / f"flaky-{i}"))
     ok = (before.get("failed", 0) + before.get("error", 0)) > 0 and after.get("passed") and \
         not after.get("failed") and not after.get("error")
-    return (f"its tests on torch {cell.torch}: {_fmt(before)}; patched: {_fmt(after)}"
-            f"{'' if ok else ' (NOT as required)'}")
+    gates["upstream tests"] = ut.gate(ok, f"its tests on torch {cell.torch}: {_fmt(before)}; "
+                                          f"patched: {_fmt(after)}")
+    return gates
+
+
+def torch_run(python: Path, tree: Path, nodes: list[str], log_stem: Path) -> ut.Report:
+    """One run of torch-style tests (``file::Class::test`` node ids), a process per file."""
+    by_file: dict[str, list[str]] = {}
+    for node in nodes:
+        file, *names = node.split("::")
+        by_file.setdefault(file, []).append(".".join(names))
+    code, output = 0, ""
+    for n, (file, names) in enumerate(by_file.items()):
+        res = harness.run([str(python), str(tree / file), *names], timeout=1800, cwd=tree,
+                          log_stem=f"{log_stem}-{n}")
+        output += "".join(Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
+        code = code or res.returncode
+        if (res.reason or "").startswith("timed out"):
+            return ut.Report({}, res.returncode, output, timed_out=True, log=str(log_stem), reported=False)
+    return ut.Report({}, code, output, log=str(log_stem))
 
 
 def unittest_counts(python: Path, tree: Path, files: list[str]) -> dict[str, int]:
@@ -264,30 +407,29 @@ def checkout_states(patch: patches.Patch, repo, wt, earlier: list[patches.Patch]
     return "; ".join(states)
 
 
-def pytest_counts(python: Path, checkout: Path, files: list[str]) -> dict[str, int]:
-    rel = [str(Path(f).relative_to("tests/tests_pytorch")) for f in files]
-    env = {**os.environ, "PYTHONPATH": f"{checkout / 'src'}:{checkout / 'tests'}"}
-    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--color=no",
-                           *rel], cwd=checkout / "tests" / "tests_pytorch", env=env,
-                          capture_output=True, text=True, timeout=1800)
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", last)}
-
-
 def _fmt(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items()) or "no result"
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["| patch | cell | applies (wheel; checkouts) | before | after | earlier patches still |"
-             " upstream tests | ok |",
-             "|---|---|---|---|---|---|---|---|"]
+    head = ["patch", "cell", "applies (wheel; checkouts)", "before", "after", "earlier patches still",
+            *GATES, "ok"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         still = ", ".join(f"{n.split('.')[0]}: {v}" for n, v in r["series_still_fixed"].items()) or "-"
-        lines.append(f"| {r['patch']} | {r['cell']} | {r['applies']}; {r['checkouts']} | {r['before']} | "
-                     f"{r['after']}: {r['after_detail']} | {still} | {r['upstream_tests']} | "
-                     f"{'yes' if r['ok'] else 'NO'} |")
+        before = r["before"] + (f": {r['before_detail']}" if r.get("before_detail") else "")
+        gates = r.get("gates") or {}
+        cells = [r["patch"], r["cell"], f"{r['applies']}; {r['checkouts']}", before,
+                 f"{r['after']}: {r['after_detail']}", still, *(gate_text(gates.get(n)) for n in GATES),
+                 "yes" if r["ok"] else "NO"]
+        lines.append("| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def gate_text(g: dict | None) -> str:
+    if g is None:
+        return "-"
+    return g["text"] if g["ok"] else f"FAILS: {g['text']}"
 
 
 def plan(patch: str | None, cell: str | None) -> tuple[list[patches.Patch], dict, list[tuple]]:
@@ -306,42 +448,121 @@ def plan(patch: str | None, cell: str | None) -> tuple[list[patches.Patch], dict
     return everything, cells, work
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nox -s patches --")
+# -- a user's own script, with and without the series ------------------------------------------
+
+@dataclass(frozen=True)
+class Script:
+    path: Path
+    signature: str | None
+    cells: tuple[str, ...]  # the cells it runs in: every cell the series targets, or --cell
+
+
+def check_script(script: str, signature: str | None, verdict_line: bool) -> Path:
+    """The rule of ``nox -s repro -- --script``: an existing file, judged by ``--signature`` (a
+    valid regex) unless it prints the contract's verdict line."""
+    path = Path(script)
+    if not path.is_file():
+        raise contract.BadInput(f"--script {script}: {'is a directory' if path.is_dir() else 'not found'}")
+    if not (signature or verdict_line):
+        raise contract.BadInput("--script needs --signature REGEX (what its output shows when the bug is "
+                                "there), or --verdict-line if it prints the contract's verdict line")
+    contract.check_signature(signature)
+    return path.resolve()
+
+
+def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch], out: Path,
+               log=print) -> dict:
+    """The script in the cell's environment (before) and with every patch of the series that
+    targets the cell applied (after): as required when it is bad before and good after."""
+    applied = [p for p in everything if cell.id in p.cells]
+    args = envs.install_args(cell.package, cell.lightning, cell.torch)
+    cell_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
+    logs = out / "logs" / "script" / cell.id
+    with scratch("script-") as tmp:
+        before = run_script(script, cell_py, logs / "before")
+        after = run_script(script, patched_env(args, tmp / "after", applied), logs / "after")
+    row = {"patch": f"(your script) {script.path.name}", "cell": cell.id,
+           "on_top_of": [p.name for p in applied], "applies": "-", "checkouts": "-",
+           "before": before.verdict, "before_detail": before.reason, "after": after.verdict,
+           "after_detail": detail(after), "series_still_fixed": {}, "upstream_tests": "-", "gates": {},
+           "ok": before.verdict == "bad" and after.verdict == "good"}
+    log(f"  {row['patch']} x {cell.id}: before {before.verdict} ({before.reason}), after {after.verdict} "
+        f"({row['after_detail']}) with {len(applied)} patches")
+    return row
+
+
+def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
+    return harness.run([str(python), str(script.path)], timeout=600, log_stem=log_stem,
+                       signature=script.signature)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise contract.BadInput(message)
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = Parser(prog="nox -s patches --")
     p.add_argument("--patch", help="only this patch of the series")
     p.add_argument("--cell", help="only this matrix cell")
+    p.add_argument("--repeat", type=int, default=REPEAT,
+                   help=f"runs of each new multi-process test (the flaky gate; default {REPEAT})")
+    p.add_argument("--script", help="also run this script of yours without and with the series")
+    p.add_argument("--signature", help="regex the --script output shows when the bug is there")
+    p.add_argument("--verdict-line", action="store_true",
+                   help="the --script prints the contract's verdict line (then no --signature needed)")
     a = p.parse_args(argv)
+    if a.repeat < 1:
+        raise contract.BadInput("--repeat takes a number >= 1")
+    if a.script:
+        a.script = check_script(a.script, a.signature, a.verdict_line)
+    elif a.signature or a.verdict_line:
+        raise contract.BadInput("--signature and --verdict-line go with --script")
+    return a
+
+
+def main(argv=None) -> int:
     with interrupts_unwind():
         try:
+            a = parse_args(argv)
             everything, cells, work = plan(a.patch, a.cell)
-        except patches.PatchError as err:
+            script = None
+            if a.script:
+                targeted = {c for p in everything for c in p.cells}
+                script = Script(a.script, a.signature,
+                                tuple(c for c in cells if c in targeted and a.cell in (None, c)))
+        except contract.BadInput as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted: before any work; nothing made, nothing kept", file=sys.stderr)
             return 130
-        return validate_all(everything, cells, work)
+        return validate_all(everything, cells, work, a.repeat, script)
 
 
-def validate_all(everything: list[patches.Patch], cells: dict, work: list[tuple]) -> int:
+def validate_all(everything: list[patches.Patch], cells: dict, work: list[tuple], repeat: int = REPEAT,
+                 script: Script | None = None) -> int:
     out = results.run_dir("patches")
     rows: list[dict] = []
+    jobs = [*work, *((None, c) for c in (script.cells if script else ()))]
     try:
-        for i, (s, cell_id) in enumerate(work, 1):
-            print(f"[{i}/{len(work)}] {s.name} x {cell_id}", flush=True)
-            earlier = [e for e in everything[:everything.index(s)] if cell_id in e.cells]
+        for i, (s, cell_id) in enumerate(jobs, 1):
+            name = s.name if s else f"(your script) {script.path.name}"
+            print(f"[{i}/{len(jobs)}] {name} x {cell_id}", flush=True)
+            earlier = [e for e in everything[:everything.index(s)] if cell_id in e.cells] if s else []
             try:
-                rows.append(validate(s, cells[cell_id], out, earlier))
+                rows.append(validate(s, cells[cell_id], out, earlier, repeat=repeat) if s else
+                            script_row(script, cells[cell_id], everything, out))
             except patches.PatchError as err:  # e.g. an earlier patch of the series fails here
-                print(f"  {s.name} x {cell_id}: {err}", flush=True)
-                rows.append({"patch": s.name, "cell": cell_id, "on_top_of": [e.name for e in earlier],
+                print(f"  {name} x {cell_id}: {err}", flush=True)
+                rows.append({"patch": name, "cell": cell_id, "on_top_of": [e.name for e in earlier],
                              "applies": f"fails ({err})", "checkouts": "-", "before": "-", "after": "-",
                              "after_detail": "not run", "series_still_fixed": {}, "upstream_tests": "-",
-                             "ok": False})
+                             "gates": {}, "ok": False})
             results.write_json(out / "summary.json", rows)  # a row at a time: an interrupt keeps them
     except KeyboardInterrupt:
-        kept = (f"{len(rows)} of {len(work)} rows kept in {out / 'summary.json'}" if rows else
-                f"0 of {len(work)} rows finished, nothing kept")
+        kept = (f"{len(rows)} of {len(jobs)} rows kept in {out / 'summary.json'}" if rows else
+                f"0 of {len(jobs)} rows finished, nothing kept")
         print(f"interrupted: {kept}; the throwaway environments were removed", file=sys.stderr)
         return 130
     table = summary(rows)
