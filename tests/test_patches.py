@@ -107,15 +107,18 @@ def test_the_lightning_patches_stack_on_the_installed_lightning(tmp_path):
     for patch in series:
         if metadata.version("pytorch_lightning") not in {cells[c].lightning for c in patch.cells}:
             pytest.skip(f"the installed Lightning is not a cell of {patch.name}")
-        state = patches.check(patch, copy, 4, patch.installable_diff()).state
+        state = patches.check(patch, copy, 4, patches.installable_for(patch, copy)).state
         assert state in ("applies", "drift"), patch.name
-        patches.apply(patch, copy, 4, patch.installable_diff())
+        patches.apply(patch, copy, 4, patches.installable_for(patch, copy))
     first = series[0]
     src = tmp_path / "git-apply"
     for rel in first.installable_files():
         target = src / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(site / "pytorch_lightning" / Path(rel).relative_to("src/lightning/pytorch"), target)
+        mirror = (site / "pytorch_lightning" / Path(rel).relative_to("src/lightning/pytorch")).read_text()
+        # the mirror's module names back to the source's (the reverse of Lightning's build)
+        target.write_text(mirror.replace("pytorch_lightning", "lightning.pytorch").replace(
+            "lightning_fabric", "lightning.fabric"))
     proc = subprocess.run(["git", "apply", "--check", *(f"--include={f}" for f in first.installable_files()),
                            str(first.path)], cwd=src, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -204,8 +207,9 @@ def patched_copy(folder: Path, applied: list) -> Path:
     PYTHONPATH (every DDP rank the launcher starts inherits it); the installed one is untouched."""
     site = Path(metadata.distribution("pytorch_lightning").locate_file(""))
     shutil.copytree(site / "pytorch_lightning", folder / "pytorch_lightning")
+    root = folder / "pytorch_lightning"
     for p in applied:
-        patches.apply(p, folder / "pytorch_lightning", 4, p.installable_diff())
+        patches.apply(p, root, 4, patches.installable_for(p, root))
     return folder
 
 
@@ -1009,3 +1013,14 @@ def test_a_users_script_is_bad_without_the_series_and_good_with_it(tmp_path, mon
     assert row["on_top_of"] == [p.name for p in patches.series() if cell in p.cells]
     assert row["ok"] and code == 0
     assert f"| (your script) backbone_finetuning_ddp.py | {cell} |" in out
+
+
+def test_the_mirror_package_gets_its_own_module_names(tmp_path):
+    """``pytorch_lightning`` is Lightning's source with its module names rewritten: a hunk that
+    names ``lightning.pytorch`` (context or added lines) lands there only with the same rewrite."""
+    (patch,) = [p for p in patches.series() if "lightning.pytorch" in p.installable_diff()][:1]
+    mirror = patches.installable_for(patch, tmp_path / "pytorch_lightning")
+    unified = patches.installable_for(patch, tmp_path / "pytorch")
+    assert unified == patch.installable_diff()
+    assert "lightning.pytorch" not in mirror and "pytorch_lightning" in mirror
+    assert "src/lightning/pytorch/" in mirror  # paths are not module names

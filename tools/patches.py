@@ -226,6 +226,22 @@ def installed_root(site: Path, patch: Patch) -> tuple[Path, int]:
     raise PatchError(f"no Lightning installed in {site}")
 
 
+MIRROR_NAMES = ((re.compile(r"\blightning\.pytorch\b"), "pytorch_lightning"),
+                (re.compile(r"\blightning\.fabric\b"), "lightning_fabric"))
+
+
+def installable_for(patch: Patch, root: Path) -> str:
+    """The patch's installable part for the package at ``root``. The ``pytorch_lightning`` mirror
+    is Lightning's source with its module names rewritten (``lightning.pytorch`` ->
+    ``pytorch_lightning``, ``lightning.fabric`` -> ``lightning_fabric``), as Lightning's own build
+    makes it: the diff gets the same rewrite, context and added lines alike."""
+    diff = patch.installable_diff()
+    if Path(root).name == "pytorch_lightning":
+        for name, mirror in MIRROR_NAMES:
+            diff = name.sub(mirror, diff)
+    return diff
+
+
 @dataclass
 class Check:
     state: str  # applies | drift | already-applied | fails

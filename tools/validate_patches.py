@@ -132,7 +132,8 @@ def patched_env(args: list[str], folder: Path, applied: list[patches.Patch]) -> 
     """A throwaway environment of the cell with ``applied`` patched into its installed files."""
     python = throwaway(args, folder)
     for p in applied:
-        patches.apply(p, *patches.installed_root(site_packages(python), p), p.installable_diff())
+        root, level = patches.installed_root(site_packages(python), p)
+        patches.apply(p, root, level, patches.installable_for(p, root))
     return python
 
 
@@ -143,10 +144,10 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
     cell_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
     row = {"patch": patch.name, "cell": cell.id, "on_top_of": [e.name for e in earlier]}
     logs = out / "logs" / patch.name / cell.id
-    installable = patch.installable_diff()
     with scratch("patched-") as tmp:
         before_py = patched_env(args, tmp / "before", earlier) if earlier else cell_py
-        checked = patches.check(patch, *patches.installed_root(site_packages(before_py), patch), installable)
+        root, level = patches.installed_root(site_packages(before_py), patch)
+        checked = patches.check(patch, root, level, patches.installable_for(patch, root))
         row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
         before = run(patch, before_py, logs / "before")
         fixed = earlier + ([patch] if checked.state in ("applies", "drift") else [])
