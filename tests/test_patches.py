@@ -886,7 +886,7 @@ def test_the_gates_of_tools_gates_plug_in_fail_and_pass(tmp_path, monkeypatch):
     assert calls["lint"][2] == tmp_path / "before"
 
 
-def test_a_torch_patch_without_a_test_fails_and_one_changing_torchs_own_test_file_is_skipped(
+def test_a_torch_patch_without_a_test_fails_and_so_does_one_whose_test_change_cannot_be_run(
         tmp_path, monkeypatch):
     from tools import validate_patches
 
@@ -898,9 +898,9 @@ def test_a_torch_patch_without_a_test_fails_and_one_changing_torchs_own_test_fil
     assert gates["upstream tests"]["text"].startswith("the patch adds no test")
     own_test = DIFF.replace("torch/m.py", "test/test_m.py")
     own = patches.parse(write(tmp_path, HEAD + DIFF + own_test, "own.patch"))
-    gates = validate_patches.torch_gates(own, cell, tmp_path, 5)
-    reason = "skipped: it changes torch's own test/test_m.py (no torch checkout)"
-    assert gates["upstream tests"] == gates["flaky"] == {"ok": True, "text": reason}
+    gates = validate_patches.torch_gates(own, cell, tmp_path, 5)  # a change, but no test method
+    assert not gates["upstream tests"]["ok"]
+    assert gates["upstream tests"]["text"].startswith("its test changes cannot be run here: ")
 
 
 def test_the_files_a_patch_creates(tmp_path):
@@ -1024,3 +1024,13 @@ def test_the_mirror_package_gets_its_own_module_names(tmp_path):
     assert unified == patch.installable_diff()
     assert "lightning.pytorch" not in mirror and "pytorch_lightning" in mirror
     assert "src/lightning/pytorch/" in mirror  # paths are not module names
+
+
+@pytest.mark.parametrize(("verdict", "expected", "holds"), [
+    ("good", "good", True), ("bad", "good", False), ("skip", "good", False),
+    ("bad", "bad", True), ("good", "bad", True), ("skip", "bad", False),
+])
+def test_an_earlier_patch_holds_when_its_repro_is_as_promised_or_better(verdict, expected, holds):
+    from tools import validate_patches
+
+    assert validate_patches.holds(verdict, expected) is holds
