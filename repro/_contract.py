@@ -8,6 +8,7 @@ repro prints on stdout is one JSON object describing the verdict.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -26,6 +27,13 @@ class UsageError(SystemExit):
     def __init__(self, message: str) -> None:
         print(f"error: {message}", file=sys.stderr)
         super().__init__(FAIL)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are the contract's usage errors (exit 128, not argparse's 2)."""
+
+    def error(self, message):
+        raise UsageError(message)
 
 
 def import_lightning(name: str = "auto"):

@@ -24,7 +24,6 @@ launcher (torchrun, SLURM) and for ``ddp_spawn`` / ``ddp_fork`` nothing is forke
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -33,20 +32,15 @@ from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _launch  # noqa: E402
-from _contract import BAD, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
+from _contract import BAD, GOOD, SKIP, Parser, finish, import_lightning  # noqa: E402
 
 REPRO = "backbone_finetuning_ddp"
 STRATEGIES = ("ddp", "ddp_spawn", "ddp_fork", "ddp_find_unused_parameters_true")
 IMPORT_NAMES = ("auto", "lightning.pytorch", "pytorch_lightning")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def parse_args(argv):
-    p = _Parser(description=__doc__.split("\n\n")[0], prog="backbone_finetuning_ddp.py")
+    p = Parser(description=__doc__.split("\n\n")[0], prog="backbone_finetuning_ddp.py")
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp")
     p.add_argument("--launch", choices=("fork", "lightning"), default="fork",
                    help="who starts the ranks: forks of this process after the imports (fast), "

@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # the workspace: tools.harness bounds every run
 import _launch  # noqa: E402
-from _contract import FAIL, UsageError, finish, import_lightning  # noqa: E402
+from _contract import FAIL, Parser, UsageError, finish, import_lightning  # noqa: E402
 
 from tools import results  # noqa: E402  (atomic result files, shared with the workspace)
 
@@ -586,10 +586,6 @@ def select(args) -> list[Scenario]:
 
 
 def parse_args(argv):
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise UsageError(message)
-
     p = Parser(prog="ddp_weakref_stress.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--quick", action="store_true", help="a representative subset")

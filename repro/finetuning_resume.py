@@ -19,25 +19,19 @@ Single process on CPU (the bug does not depend on the strategy). Runs standalone
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _contract import BAD, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
+from _contract import BAD, GOOD, SKIP, Parser, finish, import_lightning  # noqa: E402
 
 REPRO = "finetuning_resume"
 IMPORT_NAMES = ("auto", "lightning.pytorch", "pytorch_lightning")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def parse_args(argv):
-    p = _Parser(description=__doc__.split("\n\n")[0], prog="finetuning_resume.py")
+    p = Parser(description=__doc__.split("\n\n")[0], prog="finetuning_resume.py")
     p.add_argument("--unfreeze-epoch", type=int, default=1, metavar="U")
     p.add_argument("--more-epochs", type=int, default=2, metavar="N", help="epochs of fit 2")
     p.add_argument("--import-name", choices=IMPORT_NAMES, default="auto")

@@ -25,7 +25,6 @@ that hook. Verdict:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -33,20 +32,15 @@ import tempfile
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _contract import BAD, GOOD, SKIP, UsageError, finish, import_lightning  # noqa: E402
+from _contract import BAD, GOOD, SKIP, Parser, finish, import_lightning  # noqa: E402
 
 REPRO = "last_batch_resume"
 IMPORT_NAMES = ("auto", "lightning.pytorch", "pytorch_lightning")
 CHECKPOINTS = ("last-batch", "mid-epoch", "epoch-end")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def parse_args(argv):
-    p = _Parser(description=__doc__.split("\n\n")[0], prog="last_batch_resume.py")
+    p = Parser(description=__doc__.split("\n\n")[0], prog="last_batch_resume.py")
     p.add_argument("--checkpoint", choices=CHECKPOINTS, default="last-batch",
                    help="where in epoch N the resumed checkpoint was saved (default: last-batch)")
     p.add_argument("--ckpt-epoch", type=int, default=0, metavar="N", help="the checkpoint's epoch")
