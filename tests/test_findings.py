@@ -206,3 +206,14 @@ def test_the_committed_data_has_no_machine_paths():
         if path.is_file():
             text = path.read_text(encoding="utf-8")
             assert str(ROOT) not in text and findings.sanitize(text) == text, path
+
+
+def test_a_data_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the data folder should be")
+    monkeypatch.setattr(findings, "DATA", blocker / "findings")
+    monkeypatch.setattr(findings, "OUTPUT", tmp_path / "FINDINGS.md")
+    assert findings.main(["--record", f"bisect={bisect_run(tmp_path / 'results')}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot record into ") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "FINDINGS.md").exists()

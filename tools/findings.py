@@ -416,7 +416,10 @@ def main(argv=None) -> int:
             raise BadInput("--check records nothing: give it alone")
         todo = [parse_record(spec) for spec in a.record]  # every spec checked before any is recorded
         for kind, run_dir in todo:
-            where = record(kind, run_dir, a.name)
+            try:
+                where = record(kind, run_dir, a.name)
+            except OSError as err:  # an unwritable or broken data folder
+                raise BadInput(f"cannot record into {_source(DATA)}: {err.strerror or err}") from None
             print(f"recorded {kind} {_source(Path(run_dir).resolve())} as {_source(where)}/")
         text = render()
     except BadInput as err:
@@ -430,7 +433,11 @@ def main(argv=None) -> int:
             return 1
         print(f"{OUTPUT.name} is up to date")
         return 0
-    results.write_atomic(OUTPUT, text)
+    try:
+        results.write_atomic(OUTPUT, text)
+    except OSError as err:
+        print(f"error: cannot write {OUTPUT.name}: {err.strerror or err}", file=sys.stderr)
+        return contract.USAGE
     print(f"wrote {OUTPUT.name}")
     return 0
 
