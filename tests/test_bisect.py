@@ -231,3 +231,14 @@ def test_release_candidates_leave_out_yanked_prereleases_and_other_pythons():
     assert not rel("1.0.0", requires=">=3.6,<3.10").installable_on("3.11")
     assert not rel("1.13.0", tags=("cp38", "cp39", "cp310")).installable_on("3.11")
     assert rel("1.13.1", tags=("cp310", "cp311")).installable_on("3.11")
+
+
+def test_the_cached_clone_follows_a_tag_moved_in_the_source(tmp_path):
+    from tools import gitrange
+
+    repo, shas = make_repo(tmp_path / "src-repo")
+    clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
+    assert clone.git.rev_parse("1.0.0^{commit}") == shas[0]
+    repo.create_tag("1.0.0", ref=shas[5], force=True)  # re-tagged upstream
+    clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")  # the next run
+    assert clone.git.rev_parse("1.0.0^{commit}") == shas[5]

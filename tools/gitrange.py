@@ -62,7 +62,8 @@ def open_repo(source: str, cache: Path) -> git.Repo:
     if (target / ".git").exists() or (target / "HEAD").exists():
         repo = git.Repo(target)
         if Path(source).exists():  # pick up new commits of a local source
-            repo.git.fetch("--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
+            # --force: a tag moved in the source (re-tagged) is moved here too, not a failed fetch
+            repo.git.fetch("--quiet", "--tags", "--force", "origin", "+refs/heads/*:refs/remotes/origin/*")
         return repo
     if Path(source).exists():
         repo_at(source)
