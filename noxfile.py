@@ -74,6 +74,13 @@ def fingerprint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def minimize(session: nox.Session) -> None:
+    """Shrink a script to the smallest one still showing the bug: `-- SCRIPT --signature REGEX`."""
+    install(session, *nox.project.dependency_groups(PYPROJECT, "minimize"))
+    sessions.run_tool(session, "tools.minimize", session.posargs)
+
+
+@nox.session(python=PYTHON)
 def patches(session: nox.Session) -> None:
     """Validate the patch series: applies, bug before, fixed after: `-- --patch NAME --cell ID`."""
     _tool(session, "tools.validate_patches")

@@ -8,9 +8,9 @@ library and the harness):
 It imports torch and Lightning, then runs each job as ``python SCRIPT ARGS`` would, but in a fork
 of itself under ``harness.run_forked``: its own session, time limit, logs and verdict, and a fresh
 fork for every job (nothing one job does reaches the next). A job is ``{"argv": [SCRIPT, ARG...],
-"timeout", "log_stem", "signature"}``; its answer is ``harness.RunResult`` as a
-dict. If the preload fails, the failure is said once on stderr and every job runs in a fresh
-interpreter instead (a repro reports its own import error as "cannot test").
+"timeout", "log_stem", "signature"}`` and optionally ``"cwd"`` (where it runs); its answer is
+``harness.RunResult`` as a dict. If the preload fails, the failure is said once on stderr and every
+job runs in a fresh interpreter instead (a repro reports its own import error as "cannot test").
 
 The caller side is ``Runner``: it starts the runner on first use, sends jobs one at a time and
 bounds every answer, so a runner that dies or hangs is an error result, never a hang.
@@ -55,8 +55,10 @@ def preload(names=PRELOAD) -> str | None:
     return None
 
 
-def exec_script(argv: list[str]) -> None:
-    """In the fork: what ``python SCRIPT ARGS`` does, minus the imports already done."""
+def exec_script(argv: list[str], cwd: str | None = None) -> None:
+    """In the fork: what ``python SCRIPT ARGS`` does (in ``cwd``), minus the imports already done."""
+    if cwd:
+        os.chdir(cwd)
     script = os.path.abspath(argv[0])
     sys.argv = [script, *argv[1:]]
     sys.path[0] = os.path.dirname(script)
@@ -67,8 +69,8 @@ def run_job(job: dict, forked: bool) -> harness.RunResult:
     options = {"timeout": job["timeout"], "log_stem": job.get("log_stem"),
                "signature": job.get("signature")}
     if forked:
-        return harness.run_forked(lambda: exec_script(job["argv"]), **options)
-    return harness.run([sys.executable, *job["argv"]], **options)
+        return harness.run_forked(lambda: exec_script(job["argv"], job.get("cwd")), **options)
+    return harness.run([sys.executable, *job["argv"]], cwd=job.get("cwd"), **options)
 
 
 def serve() -> int:

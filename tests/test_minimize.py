@@ -1,0 +1,401 @@
+"""nox -s minimize: the reducer driven by the harness verdict (tools/minimize.py).
+
+Most tests shrink small pure-Python projects whose "library" (``engine.py``) raises the #20706
+message the way torch does (a dead weak reference to the wrapper), run with ``--fresh-process``
+(each candidate a new interpreter, a few milliseconds). The ``ddp`` test shrinks the real bloated
+training program of tests/fixtures/minimize on real torch and Lightning for a short budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tools import minimize as m
+
+ROOT = Path(__file__).resolve().parent.parent
+SIGNATURE = "'NoneType' object has no attribute 'reducer'"
+OTHER = "Trying to backward through the graph a second time"
+
+ENGINE = f'''
+"""Stands for the library: a wrapper, and outputs that hold it by weak reference."""
+import weakref
+
+
+class Wrapper:
+    def __init__(self, module):
+        self.module = module
+        self.reducer = object()
+
+
+class Output:
+    def __init__(self, wrapper):
+        self.ref = weakref.ref(wrapper)
+        self.used = False
+
+    def backward(self):
+        reducer = self.ref().reducer  # the wrapper is gone: {SIGNATURE}
+        if self.used:
+            raise RuntimeError("{OTHER}")
+        self.used = True
+        return reducer
+
+
+def unrelated(x):
+    return [i * 2 for i in range(x)]
+'''
+
+TRAIN = '''
+"""A bloated program hiding the bug behind configuration, logging and bookkeeping."""
+import json
+import logging
+import os
+import sys
+
+import engine
+
+CONFIG = {"stages": ["warmup", "finetune"], "log_every": 5, "lr": 0.1, "data": {"size": 6}}
+log = logging.getLogger("train")
+
+
+class Metrics:
+    def __init__(self):
+        self.values = {}
+
+    def update(self, name, value):
+        self.values.setdefault(name, []).append(value)
+
+    def summary(self):
+        return {k: sum(v) / len(v) for k, v in self.values.items()}
+
+
+def setup_logging(level):
+    logging.basicConfig(level=level)
+    log.info("ready")
+
+
+def make_data(cfg):
+    return list(range(cfg["data"]["size"]))
+
+
+def stage(model, data, kept, metrics):
+    wrapper = engine.Wrapper(model)
+    out = engine.Output(wrapper)
+    for x in data:
+        metrics.update("x", sum(engine.unrelated(x)))
+    if kept is not None:
+        kept.backward()  # an output of the previous stage, its wrapper freed
+    out.backward()
+    return out
+
+
+def main():
+    setup_logging(logging.WARNING)
+    metrics = Metrics()
+    data = make_data(CONFIG)
+    kept = None
+    for name in CONFIG["stages"]:
+        kept = stage(object(), data, kept, metrics)
+        print(json.dumps({"stage": name, **metrics.summary()}))
+    if os.environ.get("NEVER_SET_IN_TESTS"):
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def project(tmp_path: Path, train: str = TRAIN, engine: str = ENGINE) -> Path:
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "engine.py").write_text(textwrap.dedent(engine))
+    (folder / "train.py").write_text(textwrap.dedent(train))
+    (folder / "data.txt").write_text("a file the program may read\n")
+    return folder / "train.py"
+
+
+def run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "tools.minimize", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, **kw)
+
+
+def quick(script: Path, out: Path, *extra: str) -> list[str]:
+    return [str(script), "--signature", SIGNATURE, "--python", sys.executable, "--fresh-process",
+            "--out", str(out), *extra]
+
+
+def lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def shows(path: Path, cwd: Path) -> str:
+    proc = subprocess.run([sys.executable, str(path)], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return proc.stdout + proc.stderr
+
+
+# -- end to end on a pure-Python project ---------------------------------------------------
+
+KEPT = "def setup_logging(level):  # minimize: keep"
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """One whole reduction (a few hundred candidates), shared by the tests that read it."""
+    tmp = tmp_path_factory.mktemp("reduced")
+    script = project(tmp, train=TRAIN.replace("def setup_logging(level):", KEPT))
+    out = tmp / "out"
+    return script, out, run(quick(script, out))
+
+
+def test_shrinks_the_script_and_its_local_module_and_keeps_the_signature(reduced):
+    script, out, proc = reduced
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    minimized = out / "minimized"
+    assert lines(minimized / "train.py") <= lines(script) // 2
+    assert lines(minimized / "engine.py") < lines(script.parent / "engine.py")  # reduced with it
+    # the result stands on its own, next to the user's other files
+    (minimized / "data.txt").write_text("")
+    assert SIGNATURE in shows(minimized / "train.py", minimized)
+    assert (out / "minimized.py").read_text() == (minimized / "train.py").read_text()
+    assert "-    for x in data:" in (out / "minimized.diff").read_text()
+    report = (out / "report.md").read_text()
+    assert "signature in 3 of 3 fresh runs" in report
+    assert "`AttributeError` in `engine.py` (`backward`)" in report
+    assert "[minimize] test" in proc.stdout  # progress
+
+
+def test_kept_statements_survive_unchanged(reduced):
+    _, out, _ = reduced
+    assert "def setup_logging(level):\n    logging.basicConfig(level=level)\n    log.info('ready')" \
+        in (out / "best" / "train.py").read_text()
+
+
+def test_a_rerun_of_a_finished_reduction_only_confirms(reduced, tmp_path):
+    script, out, _ = reduced
+    proc = run(quick(script, out))
+    assert proc.returncode == 0
+    assert "[minimize] resuming from" in proc.stdout
+    report = (out / "report.md").read_text()
+    assert int(report.split("- Reduction: ")[1].split(" launches")[0]) == 3  # the confirmation runs
+
+
+def test_never_trades_the_bug_for_another_error(tmp_path):
+    # Dropping `del wrapper` gives a shorter program that fails too, with "backward through the
+    # graph a second time": a reducer driven by "any error" takes it; this one must not.
+    train = '''
+    import engine
+
+
+    def main():
+        wrapper = engine.Wrapper(None)
+        out = engine.Output(wrapper)
+        out.backward()
+        del wrapper
+        out.backward()
+
+
+    main()
+    '''
+    script = project(tmp_path, train=train)
+    assert SIGNATURE in shows(script, script.parent)
+    out = tmp_path / "out"
+    proc = run(quick(script, out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = (out / "minimized.py").read_text()
+    assert "del wrapper" in result
+    assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
+    assert "skip (RuntimeError)" in (out / "report.md").read_text()  # it was tried, and refused
+
+
+def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
+    script = project(tmp_path)
+    out = tmp_path / "out"
+    sizes, known = [], []
+    for _ in range(3):
+        proc = run(quick(script, out, "--budget", "0.05"))  # three seconds each
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "the budget was spent" in (out / "report.md").read_text()
+        assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
+        sizes.append(m.size({"t": (out / "best" / "train.py").read_text()}))
+        known.append(len(json.loads((out / "state.json").read_text())))
+    assert "run 1/1" not in proc.stdout  # the original's verdict came from the state
+    assert sizes[2] <= sizes[1] <= sizes[0] <= m.size({"t": script.read_text()})  # never back up
+    assert known[0] < known[1] < known[2]  # each run judged candidates the earlier ones had not
+
+
+def test_the_remedy_is_refused_at_the_start(tmp_path):
+    script = project(tmp_path, train=TRAIN.replace("kept.backward()  #", "pass  #"))
+    proc = run(quick(script, tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "train.py is not bad" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_signature_the_script_can_print_needs_keep_markers(tmp_path):
+    train = TRAIN.replace("    main()\n", f"    main()\n    print({SIGNATURE!r})\n")
+    script = project(tmp_path, train=train)
+    proc = run(quick(script, tmp_path / "out"))
+    assert proc.returncode == 2
+    assert "could print the signature itself (train.py, line" in proc.stderr
+
+
+def test_ctrl_c_keeps_the_best_so_far(tmp_path):
+    train = TRAIN.replace("def main():\n", "def main():\n    import time\n    time.sleep(0.3)\n")
+    script = project(tmp_path, train=train)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "best" / "train.py").exists():
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "the same command resumes from it" in stdout
+    best = out / "best" / "train.py"
+    (out / "best" / "data.txt").write_text("")
+    assert SIGNATURE in shows(best, out / "best")
+    assert lines(best) <= lines(script)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.py", "--signature", "x"], "missing.py: not found"),
+    (["tests", "--signature", "x"], "a directory, not a script"),
+    (["README.md", "--signature", "x"], "not a .py file"),
+    (["tests/test_minimize.py"], "give --signature REGEX"),
+    (["tests/test_minimize.py", "--signature", "("], "is not a valid regex"),
+    (["tests/test_minimize.py", "--signature", "x", "--trials", "0"], "--trials takes a number"),
+    (["tests/test_minimize.py", "--signature", "x", "--cell", "pl0_0_torch0"], "unknown cell 'pl0_0_torch0'"),
+    (["tests/test_minimize.py", "--signature", "x", "--python", "/nonexistent/python"], "not an executable"),
+    (["tests/test_minimize.py", "--signature", "x", "--budget", "0"], "--budget must be > 0"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    proc = run(args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_out_folder_of_another_script_is_refused(tmp_path):
+    script = project(tmp_path)
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "original.json").write_text('{"sha256": "0"}')
+    proc = run(quick(script, out))
+    assert proc.returncode == 2
+    assert "holds the reduction of another script" in proc.stderr
+
+
+# -- the pieces ------------------------------------------------------------------------------
+
+TRACEBACK = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/work/x/train.py", line 9, in <module>
+[rank1]:     main()
+[rank1]:   File "/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 270, in backward
+[rank1]:     reducer = ddp_weakref.reducer
+[rank1]:               ^^^^^^^^^^^^^^^^^^^
+[rank1]: AttributeError: 'NoneType' object has no attribute 'reducer'
+"""
+
+
+def test_crash_site_reads_rank_prefixed_tracebacks():
+    assert m.crash_site(TRACEBACK, SIGNATURE, ("/work/x",)) == (
+        "AttributeError", "torch/nn/parallel/distributed.py", "backward")
+    own = TRACEBACK.replace("/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py",
+                            "/work/x/train.py")
+    assert m.crash_site(own, SIGNATURE, ("/work/x",)) == ("AttributeError", "train.py", "backward")
+    assert m.crash_site("printed: 'NoneType' object has no attribute 'reducer'\n", SIGNATURE, ()) is None
+
+
+def test_static_checks_reject_without_a_launch():
+    original = "import os\nx = os.getcwd()\nprint(x, undefined_in_original)\n"
+    known = {"a.py": (m.unbound_names(original), m.constants(original), set())}
+    assert m.unbound_names(original) == {"undefined_in_original"}
+    assert m.static_rejection({"a.py": original}, "a.py", {}, known) is None
+    assert "bound nowhere: os" in m.static_rejection({"a.py": "x = os.getcwd()\n"}, "a.py", {}, known)
+    assert "changed value" in m.static_rejection({"a.py": original.replace("x = ", "x = 'ab' or ")},
+                                                 "a.py", {}, known)
+    assert m.static_rejection({"a.py": None}, "a.py", {}, known) == "the script itself is gone"
+    kept = {"a.py": m.kept_statements("import os  # minimize: keep\nx = 1\n")}
+    assert m.static_rejection({"a.py": "x = 1\n"}, "a.py", kept,
+                              {"a.py": (set(), set(), set())}).startswith("a statement marked")
+
+
+# -- the real thing --------------------------------------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "minimize"
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused(tmp_path):
+    """The #20706 fixture on real torch and Lightning (two ranks, DataLoader workers, two stages),
+    candidates as forks of the preloaded runner, for a short budget: whatever it reached still
+    shows the signature, raised in torch's DDP backward, in a fresh run."""
+    script = FIXTURES / "two_stage_anchor.py"
+    out = tmp_path / "out"
+    args = [str(script), "--signature", SIGNATURE, "--python", sys.executable, "--out", str(out),
+            "--budget", "1.5", "--confirm", "1"]
+    proc = run(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    assert "`AttributeError` in `torch/nn/parallel/distributed.py`" in report
+    assert "signature in 1 of 1 fresh runs" in report
+    assert lines(out / "minimized.py") < lines(script)
+    control = run([*args, "--out", str(tmp_path / "control"), "--", "anchor.detach=true"])
+    assert control.returncode == 2, control.stdout[-2000:] + control.stderr[-2000:]
+    assert "two_stage_anchor.py is not bad" in control.stderr
+
+
+def test_calls_that_cannot_bind_are_found_and_only_new_ones_count():
+    source = textwrap.dedent('''
+        def f(a, b, c=1, *, d, e=2): pass
+        class K:
+            def __init__(self, x, y=0): pass
+        f(1, 2, d=3)
+        f(1, d=3, b=2)
+        K(1)
+        f(*[1, 2], d=3)
+    ''')
+    assert m.call_mismatches(source) == set()
+    for bad in ("f(1, d=3)", "f(1, 2, 3, 4, d=1)", "f(1, 2)", "f(1, 2, d=1, z=2)", "K()", "K(1, 2, 3)"):
+        assert m.call_mismatches(source + bad + "\n") == {bad[0]}, bad
+    assert m.call_mismatches(source + "f = print\nf()\n") == set()  # rebound: not that def
+    known = {"a.py": (set(), m.constants(source), {"K"})}
+    assert m.static_rejection({"a.py": source + "K()\n"}, "a.py", {}, known) is None
+    assert "calls f() with arguments" in m.static_rejection({"a.py": source + "f()\n"}, "a.py", {}, known)
+
+
+def test_the_coarse_pass_admits_only_whole_statement_removals():
+    current = {"a.py": textwrap.dedent('''
+        import os
+        def f(x, y=1):
+            z = x + y
+            if z:
+                print(z)
+            return z
+        class K:
+            def m(self):
+                return f(1)
+        f(2)
+    ''')}
+    removed = {"a.py": current["a.py"].replace("class K:\n    def m(self):\n        return f(1)\n", "")}
+    emptied = {"a.py": current["a.py"].replace("        print(z)\n", "        pass\n")}
+    assert m.only_removes_statements(removed, current)
+    assert m.only_removes_statements(emptied, current)
+    changes = {"z = x + y": "z = x", "def f(x, y=1):": "def f(x):", "f(2)": "f(3)", "return z": "return 0"}
+    for old, new in changes.items():
+        assert not m.only_removes_statements({"a.py": current["a.py"].replace(old, new)}, current), new

@@ -1,0 +1,795 @@
+"""Shrink a user's training script to the smallest program that still shows the bug's signature.
+
+    nox -s minimize -- SCRIPT --signature REGEX [--cell ID | --python PATH] [--trials N|auto]
+                       [--budget MINUTES] [--out DIR] [-- SCRIPT ARGS]
+
+The reducer is pysource-minimize: it works on the syntax tree (whole statements, then
+expressions, arguments, values), so every candidate parses and compiles and no DDP launch is spent
+on a syntax error; its test is a plain function, so the verdict cache, the progress line and the
+budget live here. The *interestingness test* is the harness verdict (``contract.judge``): a
+candidate is interesting only when it is **bad with the same signature** (the ``--signature``
+regex, or the verdict line of a script that prints one) and, when the original's signature was
+a Python exception, raised at the same place (exception type, file and function of the innermost
+frame). Good, cannot-test, timeouts and any other error are not interesting, so the reduction
+cannot drift to another bug ("backward through the graph a second time" is not #20706).
+
+Two checks run before a launch and reject a candidate without running it: a name used but
+bound nowhere in its files (a removed import or definition: a NameError), and a statement marked
+``# minimize: keep`` that is gone or changed. Markers are required when the script could print
+the signature itself (a string literal in it matches the regex, or it prints the verdict line):
+without them the smallest "interesting" program is the print statement alone.
+
+Sibling modules of the script's folder that it imports (directly or through each other) are
+reduced with it. Each candidate runs in a fresh folder holding the candidate's files and links
+to everything else in the script's folder.
+
+Outputs in ``--out`` (default ``results/minimize/<script>``): ``best/`` (the smallest
+interesting files so far, written after every improvement: Ctrl-C or the end of the budget leave
+a usable result), ``state.json`` (verdicts by content hash: a re-run resumes from ``best/`` and
+answers known candidates from it), ``minimized.py`` (formatted), ``minimized.diff``,
+``report.md`` (sizes, tests, time, the verdict of the result in fresh runs, the versions).
+
+Exit codes: 0 the minimized script shows the signature in every confirmation run; 1 it showed
+it in fewer; 2 bad input, or the script is not bad to begin with; 128 the harness failed;
+130 interrupted (``best/`` stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import difflib
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools import contract, envs, harness, index, matrix, results
+from tools.bisect import State, trials_for
+from tools.contract import BadInput, HarnessFailure
+from tools.preloaded import Runner
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CELL = "pl2_6_6_torch2_13_0"
+MARK = re.compile(r"#\s*minimize:\s*keep\b")
+AUTO_RUNS = 5  # runs of the original that measure the bug's rate with --trials auto
+CANDIDATE_TIMEOUT = (3, 30.0)  # a candidate's limit: this many times the original's slowest run, at least
+
+
+class BudgetSpent(Exception):
+    """The time budget is used up: the reduction stops, ``best/`` is the result.
+
+    Not pysource-minimize's ``StopMinimization``: that one makes it accept the candidate under
+    test, which was never judged."""
+
+
+# -- options -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    script: Path
+    args: tuple[str, ...]
+    signature: str | None
+    verdict_line: bool
+    python: Path
+    where: str  # the cell id or the interpreter, for the report
+    trials: int | str
+    budget: float  # seconds
+    out: Path
+    timeout: float
+    fresh_process: bool
+    confirm: int
+
+
+def parse_args(argv: list[str]) -> Config:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise BadInput(message)
+
+    p = Parser(prog="nox -s minimize --", description=__doc__.split("\n\n")[0])
+    p.add_argument("script", help="the program to shrink (a .py file)")
+    p.add_argument("--signature", help="regex its output shows when the bug is there")
+    p.add_argument("--verdict-line", action="store_true",
+                   help="the script prints the contract's verdict line (then no --signature)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL})")
+    where.add_argument("--python", help="run it with this interpreter (its environment as it is)")
+    p.add_argument("--trials", default="1",
+                   help="runs per candidate, any bad = interesting; 'auto': from the original's rate")
+    p.add_argument("--budget", type=float, default=60.0, help="minutes of reduction (default 60)")
+    p.add_argument("--out", help="output folder (default results/minimize/<script name>)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="wall-clock limit of a run of the original (s); a candidate gets "
+                        f"{CANDIDATE_TIMEOUT[0]} x the original's slowest run, at least "
+                        f"{CANDIDATE_TIMEOUT[1]:g} s")
+    p.add_argument("--confirm", type=int, default=3,
+                   help="fresh runs of the result that must show the signature (default 3)")
+    p.add_argument("--fresh-process", action="store_true",
+                   help="a new interpreter for every candidate (default: forks of one process "
+                        "that imported torch and Lightning; the confirmation runs are always fresh)")
+    argv, rest = list(argv), ()
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, rest = argv[:cut], tuple(argv[cut + 1:])
+    a = p.parse_args(argv)
+    script = Path(a.script).resolve()
+    if script.is_dir() or not script.is_file():
+        raise BadInput(f"{a.script}: {'a directory, not a script' if script.is_dir() else 'not found'}")
+    if script.suffix != ".py":
+        raise BadInput(f"{a.script}: not a .py file (the reducer works on Python source)")
+    if not (a.signature or a.verdict_line):
+        raise BadInput(f"{a.script}: give --signature REGEX (what its output shows when the bug is "
+                       "there), or --verdict-line if it prints the contract's verdict line")
+    contract.check_signature(a.signature)
+    trials = a.trials
+    if trials != "auto":
+        try:
+            trials = int(trials)
+            assert trials >= 1
+        except (ValueError, AssertionError):
+            raise BadInput("--trials takes a number >= 1 or 'auto'") from None
+    for name in ("budget", "timeout"):
+        if getattr(a, name) <= 0:
+            raise BadInput(f"--{name} must be > 0")
+    if a.confirm < 1:
+        raise BadInput("--confirm must be >= 1")
+    python, where_ = interpreter(a.python, a.cell)
+    out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
+    return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
+                  out, a.timeout, a.fresh_process, a.confirm)
+
+
+def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
+    if python:
+        path = Path(python)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise BadInput(f"--python {python}: not an executable file")
+        return path.absolute(), str(python)
+    cell_id = cell_id or DEFAULT_CELL
+    cells = {c.id: c for c in matrix.load().cells}
+    cell = cells.get(cell_id)
+    if cell is None:
+        raise BadInput(f"unknown cell {cell_id!r} (cells: {', '.join(sorted(cells))})")
+    try:
+        args = envs.install_args(cell.package, cell.lightning, cell.torch)
+        return envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=print), cell_id
+    except (index.UnknownRelease, envs.EnvError) as err:
+        raise BadInput(f"cell {cell_id}: {err}") from None
+
+
+# -- the project: the script and the sibling modules it imports ----------------------------
+
+def project_files(script: Path) -> dict[str, str]:
+    """The script and, transitively, the ``.py`` files of its folder that it imports, by name
+    relative to that folder (the script first)."""
+    folder, found, todo = script.parent, {}, [script.name]
+    while todo:
+        name = todo.pop(0)
+        if name in found:
+            continue
+        source = (folder / name).read_text()
+        try:
+            tree = ast.parse(source, filename=name)
+        except SyntaxError as err:
+            raise BadInput(f"{name}: not valid Python ({err.msg}, line {err.lineno})") from None
+        found[name] = source
+        for node in ast.walk(tree):
+            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                       else [])
+            for module in modules:
+                candidate = module.split(".")[0] + ".py"
+                if (folder / candidate).is_file():
+                    todo.append(candidate)
+    return found
+
+
+def size(files: dict[str, str | None]) -> tuple[int, int]:
+    """Non-blank lines and tokens (no comments, newlines or indentation) of the files."""
+    lines = tokens = 0
+    for source in files.values():
+        if not source:
+            continue
+        lines += sum(1 for line in source.splitlines() if line.strip())
+        skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                tokenize.ENDMARKER}
+        try:
+            tokens += sum(1 for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                          if t.type not in skip)
+        except (tokenize.TokenError, SyntaxError):
+            pass
+    return lines, tokens
+
+
+# -- checks made without a launch ----------------------------------------------------------
+
+def kept_statements(source: str) -> list[str]:
+    """``ast.dump`` of every statement whose first line carries ``# minimize: keep``."""
+    marked = {i for i, line in enumerate(source.splitlines(), 1) if MARK.search(line)}
+    return [ast.dump(node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.stmt) and node.lineno in marked]
+
+
+def missing_kept(files: dict[str, str | None], kept: dict[str, list[str]]) -> str | None:
+    for name, dumps in kept.items():
+        source = files.get(name)
+        present = ({ast.dump(n) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt)}
+                   if source else set())
+        for dump in dumps:
+            if dump not in present:
+                return f"a statement marked '# minimize: keep' in {name} is gone or changed"
+    return None
+
+
+MODULE_NAMES = {"__file__", "__name__", "__doc__", "__spec__", "__loader__", "__package__",
+                "__builtins__", "__annotations__", "__dict__", "__path__"}
+
+
+def unbound_names(source: str) -> set[str]:
+    """Names read somewhere in ``source`` but bound nowhere in it (by any import, definition,
+    assignment, argument, loop, ``with``, ``except`` or pattern) and not builtins: certain
+    NameErrors if that code runs. Empty with a star import (anything may be bound)."""
+    tree = ast.parse(source)
+    bound, read = set(MODULE_NAMES) | set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return set()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.Global | ast.Nonlocal):
+            bound.update(node.names)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return read - bound
+
+
+def _binds(args: ast.arguments, call: ast.Call, skip_self: bool) -> bool:
+    """Could ``call``'s arguments bind to the parameters ``args``? (A star in the call: yes.)"""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return True
+    positional = [*args.posonlyargs, *args.args][1 if skip_self else 0:]
+    named = {a.arg for a in [*args.args, *args.kwonlyargs]}
+    if len(call.args) > len(positional) and not args.vararg:
+        return False
+    given = {k.arg for k in call.keywords}
+    if not args.kwarg and not given <= named:
+        return False
+    required = positional[:len(positional) - len(args.defaults)]
+    if any(p.arg not in given for p in required[len(call.args):]):
+        return False
+    return all(d is not None or k.arg in given
+               for k, d in zip(args.kwonlyargs, args.kw_defaults, strict=True))
+
+
+def call_mismatches(source: str) -> set[str]:
+    """Module-level functions and classes (with their own ``__init__``), each defined once, that
+    are called by name with arguments their parameters cannot take: certain TypeErrors when that
+    code runs."""
+    tree = ast.parse(source)
+    defs: dict[str, list] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            defs.setdefault(node.name, []).append((node.args, False))
+        elif isinstance(node, ast.ClassDef):
+            init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+            defs.setdefault(node.name, []).append((init[0].args, True) if init and not node.keywords
+                                                  else None)
+    rebound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
+               for t in ([n.target] if not isinstance(n, ast.Assign) else n.targets)
+               if isinstance(t, ast.Name)}
+    signatures = {name: d[0] for name, d in defs.items() if len(d) == 1 and d[0] and name not in rebound}
+    return {node.func.id for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in signatures and not _binds(signatures[node.func.id][0], node,
+                                                              signatures[node.func.id][1])}
+
+
+SIMPLEST = {None, 0, True, ""}  # values a removal may leave behind (a default, an empty call)
+
+
+def constants(source: str) -> set:
+    return {(type(n.value), n.value) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant)}
+
+
+def static_rejection(files: dict[str, str | None], script: str, kept: dict[str, list[str]],
+                     original: dict[str, tuple[set, set]]) -> str | None:
+    """Why a candidate cannot be interesting, or is not worth a launch, without running it; or
+    None. ``original``: per file, the names it already reads without binding them and the calls
+    that already cannot bind (neither held against it), and its constants."""
+    if not files.get(script):
+        return "the script itself is gone"
+    for name, source in files.items():
+        if source is None:
+            continue
+        unbound, values, mismatched = original[name]
+        names = unbound_names(source) - unbound
+        if names:
+            return f"{name} reads names bound nowhere: {', '.join(sorted(names)[:3])}"
+        calls = call_mismatches(source) - mismatched
+        if calls:
+            return f"{name} calls {sorted(calls)[0]}() with arguments it cannot take"
+        if "unique_name_" in source:
+            return "a renamed variable (names are kept as the user wrote them)"
+        new = {v for v in constants(source) - values if v[1] not in SIMPLEST}
+        if new:
+            return f"a changed value ({sorted(map(repr, (v[1] for v in new)))[0][:40]}): values are kept"
+    return missing_kept(files, kept)
+
+
+BLOCKS = ("body", "orelse", "finalbody")
+
+
+def headers(source: str) -> set[str]:
+    """``ast.dump`` of every statement with its nested statement lists emptied (its "header")."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt):
+            fields = {f: [] for f in BLOCKS if isinstance(getattr(node, f, None), list)}
+            found.add(ast.dump(type(node)(**{**dict(ast.iter_fields(node)), **fields})))
+    return found
+
+
+def only_removes_statements(files: dict[str, str | None], current: dict[str, str | None]) -> bool:
+    """Is every statement of the candidate, header for header, one of the current best's (plus
+    the ``pass`` a reducer leaves in an emptied block)? Then it removed or moved whole statements,
+    and changed nothing inside one."""
+    allowed = {ast.dump(ast.Pass())}
+    for name, source in files.items():
+        if source is None or source == current.get(name):
+            continue
+        if not headers(source) <= headers(current.get(name) or "") | allowed:
+            return False
+    return True
+
+
+def prints_signature_itself(files: dict[str, str], signature: str | None) -> str | None:
+    """Where the project could print the signature itself: a string literal matching it."""
+    if not signature:
+        return None
+    for name, source in files.items():
+        tree = ast.parse(source)
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docstrings and re.search(signature, node.value):
+                return f"{name}, line {node.lineno}"
+    return None
+
+
+# -- where the signature was raised --------------------------------------------------------
+
+FRAME = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
+EXCEPTION = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|"
+                       r"Interrupt|Warning))(?::|$)")
+
+
+def crash_site(text: str, signature: str | None, roots: tuple[str, ...]) -> tuple[str, ...] | None:
+    """(exception type, file, function of the innermost frame) of the first traceback whose
+    exception line matches ``signature``; None when the signature is not an exception's.
+    Files inside ``roots`` (the project, a candidate's folder) are named relative to it; others
+    from ``site-packages/`` on."""
+    if not signature:
+        return None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        exc = EXCEPTION.match(line)
+        if not (exc and re.search(signature, line)):
+            continue
+        for back in range(i - 1, -1, -1):
+            frame = FRAME.match(lines[back])
+            if frame:
+                return exc["type"], _where(frame["path"], roots), frame["func"]
+        return None
+    return None
+
+
+def _where(path: str, roots: tuple[str, ...]) -> str:
+    for root in roots:
+        if path.startswith(root.rstrip("/") + "/"):
+            return os.path.relpath(path, root)
+    cut = path.rfind("site-packages/")
+    return path[cut + len("site-packages/"):] if cut >= 0 else path
+
+
+# -- the interestingness test --------------------------------------------------------------
+
+@dataclass
+class Stats:
+    tests: int = 0  # launches
+    cache_hits: int = 0
+    static: int = 0  # rejected without a launch
+    outcomes: dict = field(default_factory=dict)  # why candidates were not interesting, counted
+    improvements: int = 0
+
+
+class Oracle:
+    """Judges candidates (file name -> source, None for a removed file), caching verdicts by
+    content hash in ``state``, and keeps the smallest interesting candidate in ``out/best``."""
+
+    def __init__(self, cfg: Config, original: dict[str, str], state: State, log=print):
+        self.cfg, self.original, self.state, self.log = cfg, original, state, log
+        self.kept = {n: d for n, s in original.items() if (d := kept_statements(s))}
+        self.known = {n: (unbound_names(s), constants(s), call_mismatches(s)) for n, s in original.items()}
+        self.site: tuple[str, ...] | None = None
+        self.trials = cfg.trials if isinstance(cfg.trials, int) else 1
+        self.stats = Stats()
+        self.best = dict(original)
+        self.best_size = size(original)
+        self.started = time.monotonic()
+        self.deadline: float | None = None
+        self.coarse = False  # the coarse pass: whole statements only
+        self.timeout = cfg.timeout  # for the original; then from its duration (check_original)
+        self.runner: Runner | None = None
+        self.env = {**os.environ, "PATH": f"{cfg.python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        (cfg.out / "runs").mkdir(parents=True, exist_ok=True)
+
+    def key(self, files: dict[str, str | None]) -> str:
+        payload = json.dumps([sorted(files.items()), self.cfg.signature, self.cfg.verdict_line,
+                              str(self.cfg.python), list(self.cfg.args), self.trials, self.site])
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    # one launch
+    def launch(self, files: dict[str, str | None], stem: str, fresh: bool) -> tuple[harness.RunResult, str]:
+        """Run the candidate once in a new folder; its result and its output."""
+        work = self.cfg.out / "work" / stem
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        folder = self.cfg.script.parent
+        for entry in folder.iterdir():
+            if entry.name in self.original or entry.name == "__pycache__" \
+                    or self.cfg.out.is_relative_to(entry.resolve()):
+                continue
+            (work / entry.name).symlink_to(entry.resolve())
+        for name, source in files.items():
+            if source is not None:
+                (work / name).write_text(source)
+        argv = [str(work / self.cfg.script.name), *self.cfg.args]
+        log_stem = self.cfg.out / "runs" / stem
+        signature = None if self.cfg.verdict_line else self.cfg.signature
+        try:
+            if fresh:
+                r = harness.run([str(self.cfg.python), *argv], timeout=self.timeout,
+                                log_stem=log_stem, env=self.env, cwd=work, signature=signature)
+            else:
+                if self.runner is None:
+                    self.runner = Runner(self.cfg.python, env=self.env,
+                                         stderr=self.cfg.out / "preloaded.stderr")
+                r = self.runner.run({"argv": argv, "cwd": str(work), "timeout": self.timeout,
+                                     "log_stem": str(log_stem), "signature": signature})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        output = "".join(Path(p).read_text(errors="replace")
+                         for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists())
+        if r.code >= contract.FAIL:
+            raise HarnessFailure(f"run {stem}: {r.reason or f'exit {r.code}'}")
+        return r, output
+
+    def judge(self, r: harness.RunResult, output: str, work_root: str) -> tuple[bool, str]:
+        """Interesting? and why (the verdict's reason)."""
+        if r.code != contract.BAD:
+            return False, f"{r.verdict}: {r.reason or 'clean'}"
+        if self.site is not None:
+            here = crash_site(output, self.cfg.signature, (work_root, str(self.cfg.script.parent)))
+            if here != self.site:
+                return False, f"the signature raised elsewhere: {here or 'not as an exception'}"
+        return True, r.reason or "bad"
+
+    def run_trials(self, files: dict[str, str | None], trials: int, fresh: bool = False,
+                   stop_at_bad: bool = True) -> list[tuple[bool, str]]:
+        answers = []
+        for _ in range(trials):
+            stem = f"{self.key(files)[:12]}-{self.stats.tests}"
+            r, output = self.launch(files, stem, fresh)
+            self.stats.tests += 1
+            answers.append(self.judge(r, output, str(self.cfg.out / "work" / stem)))
+            if answers[-1][0] and stop_at_bad:
+                break
+        return answers
+
+    # the original
+    def check_original(self) -> None:
+        """Bad to begin with (else BadInput), the crash site, and the trials with 'auto'."""
+        runs = AUTO_RUNS if self.cfg.trials == "auto" else self.trials
+        self.log(f"[minimize] running the original {runs} time(s) on {self.cfg.where}")
+        key = f"{self.key(self.original)}|original"
+        cached = self.state.get(key)
+        if cached:
+            codes, site, slowest = cached["codes"], cached.get("site"), cached["seconds"]
+        else:
+            codes, site, slowest = [], None, 0.0
+            for i in range(runs):
+                stem = f"original-{i}"
+                r, output = self.launch(self.original, stem, self.cfg.fresh_process)
+                self.stats.tests += 1
+                codes.append(r.code)
+                slowest = max(slowest, r.seconds)
+                self.log(f"  run {i + 1}/{runs}: {r.verdict}{f' - {r.reason}' if r.reason else ''}")
+                if r.code == contract.BAD and site is None:
+                    site = crash_site(output, self.cfg.signature,
+                                      (str(self.cfg.out / "work" / stem), str(self.cfg.script.parent)))
+            if contract.BAD in codes:
+                self.state.put(key, {"verdict": "bad", "codes": codes, "seconds": slowest,
+                                     "reason": None, "site": site})
+        bad = codes.count(contract.BAD)
+        if not bad:
+            raise BadInput(f"{self.cfg.script.name} is not bad on {self.cfg.where}: the signature "
+                           f"was not seen in {runs} run(s) (logs: {self.cfg.out / 'runs'})")
+        self.site = tuple(site) if site else None
+        # the original is the first best: known interesting (also for a run that ends at once)
+        if not self.state.get(self.key(self.original)):
+            self.state.put(self.key(self.original), {"verdict": "bad", "codes": [1], "seconds": slowest,
+                                                     "reason": "the original"})
+        if not (self.cfg.out / "best").exists():
+            write_files(self.cfg.out / "best", self.original)
+        self.timeout = min(self.cfg.timeout, max(CANDIDATE_TIMEOUT[1], CANDIDATE_TIMEOUT[0] * slowest))
+        self.rate = bad / runs
+        if self.cfg.trials == "auto":
+            self.trials = trials_for(self.rate)
+        self.log(f"[minimize] bad in {bad}/{runs} runs; {self.trials} run(s) per candidate, each "
+                 f"limited to {self.timeout:.0f} s"
+                 + (f"; signature raised at {' '.join(self.site)}" if self.site else ""))
+
+    # the reducer's test
+    def __call__(self, files: dict[str, str | None]) -> bool:
+        files = {n: files.get(n) for n in self.original}  # a removed file is None
+        why = static_rejection(files, self.cfg.script.name, self.kept, self.known)
+        if not why and self.coarse and not only_removes_statements(files, self.best):
+            why = "changes inside a statement: left to the fine pass"
+        if why:
+            self.stats.static += 1
+            if self.stats.static % 1000 == 0:  # alive: thousands may be checked between launches
+                self.progress(files, False, f"{self.stats.static} candidates checked without a launch")
+            return self._count(False, f"not run ({re.sub(r' [(].*', '', why.split(':')[0])})")
+        key = self.key(files)
+        cached = self.state.get(key)
+        if cached:
+            self.stats.cache_hits += 1
+            interesting = cached["verdict"] == "bad"
+            if interesting:
+                self.improve(files)
+            return interesting
+        else:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise BudgetSpent()
+            start = time.monotonic()
+            answers = self.run_trials(files, self.trials)
+            interesting = any(ok for ok, _ in answers)
+            reason = next((why for ok, why in answers if ok == interesting), "")
+            self.state.put(key, {"verdict": "bad" if interesting else "skip",
+                                 "codes": [1 if ok else 0 for ok, _ in answers],
+                                 "seconds": round(time.monotonic() - start, 1), "reason": reason})
+            cached = self.state.get(key)
+        if interesting:
+            self.improve(files)
+        return self._count(interesting, cached.get("reason") or "", files)
+
+    def _count(self, interesting: bool, reason: str, files=None) -> bool:
+        if not interesting:
+            error = re.search(r"\b([A-Z]\w*(?:Error|Exception))\b", reason)
+            kind = reason.split(":")[0] + (f" ({error[1]})" if error else "")
+            self.stats.outcomes[kind] = self.stats.outcomes.get(kind, 0) + 1
+        if files is not None:
+            self.progress(files, interesting, reason)
+        return interesting
+
+    def improve(self, files: dict[str, str | None]) -> None:
+        """The reducer goes on from each interesting candidate: that is the best so far."""
+        self.best, self.best_size = dict(files), size(files)
+        self.stats.improvements += 1
+        write_files(self.cfg.out / "best", files)
+
+    def progress(self, files, interesting: bool, reason: str) -> None:
+        elapsed = time.monotonic() - self.started
+        left = ("" if self.deadline is None else
+                f", budget left {clock(max(0.0, self.deadline - time.monotonic()))}")
+        lines, tokens = self.best_size
+        o_lines, o_tokens = size(self.original)
+        self.log(f"[minimize] test {self.stats.tests} ({self.stats.cache_hits} cached, "
+                 f"{self.stats.static} not run) {clock(elapsed)}{left} | best {lines} lines, "
+                 f"{tokens} tokens (of {o_lines}, {o_tokens}) | candidate {size(files)[0]} lines: "
+                 f"{'interesting' if interesting else 'not interesting'}"
+                 f"{'' if interesting else f' ({reason[:120]})'}")
+
+    def close(self) -> None:
+        if self.runner:
+            self.runner.close()
+            self.runner = None
+
+
+def clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s"
+
+
+def write_files(folder: Path, files: dict[str, str | None]) -> None:
+    """The candidate's files in ``folder``, each written atomically; removed files deleted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in files.items():
+        if source is None:
+            (folder / name).unlink(missing_ok=True)
+        else:
+            results.write_atomic(folder / name, source)
+
+
+# -- the reduction -------------------------------------------------------------------------
+
+def reduce(oracle: Oracle, start: dict[str, str]) -> str:
+    """Run pysource-minimize from ``start`` until it is done or the budget is spent; how it ended.
+
+    Twice: first a coarse pass in which only candidates that remove (or move) whole statements
+    are launched, everywhere in the program, then the fine pass (expressions, arguments, the
+    rest) from the coarse pass's result. pysource-minimize itself goes depth first: it would
+    shrink the expressions of the last function before it tries to drop the first class."""
+    import pysource_minimize
+
+    def checker(files: dict, current) -> bool:
+        return oracle({str(name): source for name, source in files.items()})
+
+    try:
+        for oracle.coarse in (True, False):
+            current = {n: s for n, s in oracle.best.items() if s is not None} if oracle.coarse is False \
+                else start
+            oracle.log(f"[minimize] {'coarse pass: whole statements' if oracle.coarse else 'fine pass'}")
+            pysource_minimize.minimize_all({Path(n): s for n, s in current.items()}, checker, retries=0)
+    except BudgetSpent:
+        return "the budget was spent"
+    except pysource_minimize.CouldNotMinimize:
+        raise BadInput("the script is not bad once its comments and formatting are dropped "
+                       "(the reducer's first step): it depends on them") from None
+    return "the reducer found nothing more to remove"
+
+
+def formatted(source: str) -> str:
+    """``ruff format`` of ``source`` when ruff is installed; ``source`` as it is otherwise."""
+    ruff = shutil.which("ruff")
+    if not ruff:
+        return source
+    proc = subprocess.run([ruff, "format", "--quiet", "--line-length", "100", "-"], input=source,
+                          capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 and proc.stdout else source
+
+
+def versions(python: Path) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json, platform\n"
+            "out = {'python': platform.python_version()}\n"
+            "for p in ('torch', 'lightning', 'pytorch-lightning'):\n"
+            "    try:\n        out[p] = m.version(p)\n    except m.PackageNotFoundError:\n        pass\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"python": "?"}
+
+
+def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[str, str | None],
+           ended: str, confirmed: list[tuple[bool, str]], seconds: float) -> str:
+    o_lines, o_tokens = size(original)
+    lines, tokens = size(final)
+    seen = sum(ok for ok, _ in confirmed)
+    vers = versions(cfg.python)
+    s = oracle.stats
+    rows = "\n".join(f"| {why} | {n} |" for why, n in sorted(s.outcomes.items(), key=lambda kv: -kv[1]))
+    removed = [n for n, src in final.items() if src is None]
+    return f"""# Minimized: {cfg.script.name}
+
+Signature: {f'`/{cfg.signature}/`' if cfg.signature else 'the verdict line'}{
+    f", raised as `{oracle.site[0]}` in `{oracle.site[1]}` (`{oracle.site[2]}`)" if oracle.site else ''}
+Versions: {', '.join(f'{k} {v}' for k, v in vers.items())} ({cfg.where})
+
+| | lines | tokens |
+|---|---|---|
+| original | {o_lines} | {o_tokens} |
+| minimized | {lines} | {tokens} ({100 * lines / max(o_lines, 1):.0f} % of the lines) |
+
+- Files reduced: {', '.join(n for n in original if final.get(n) is not None)}{
+    f"; removed as unneeded: {', '.join(removed)}" if removed else ''}
+- Bug rate of the original: {oracle.rate:.2f}; runs per candidate: {oracle.trials}
+- Reduction: {s.tests} launches, {s.cache_hits} answered from the cache, {s.static} candidates
+  rejected without a launch, {s.improvements} improvements, {clock(seconds)}; it ended because
+  {ended}.
+- **The minimized script shows the signature in {seen} of {len(confirmed)} fresh runs.**
+
+Why candidates were not interesting:
+
+| reason | candidates |
+|---|---|
+{rows or '| (none) | 0 |'}
+
+Run it: `python minimized.py{' ' + ' '.join(cfg.args) if cfg.args else ''}`
+"""
+
+
+def minimize(cfg: Config, log=print) -> int:
+    started = time.monotonic()
+    original = project_files(cfg.script)
+    where = prints_signature_itself(original, cfg.signature)
+    if (where or cfg.verdict_line) and not any(kept_statements(s) for s in original.values()):
+        raise BadInput(f"{cfg.script.name} could print the signature itself "
+                       f"({where or 'it prints the verdict line'}): mark the code that decides it "
+                       "with '# minimize: keep' (on the first line of each statement to keep), "
+                       "or the smallest 'interesting' program is that print alone")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    meta_path = cfg.out / "original.json"
+    digest = hashlib.sha256(json.dumps(sorted(original.items())).encode()).hexdigest()
+    if meta_path.exists() and json.loads(meta_path.read_text()).get("sha256") != digest:
+        raise BadInput(f"{cfg.out} holds the reduction of another script (or of an earlier version "
+                       "of this one): give another --out, or remove that folder")
+    results.write_json(meta_path, {"script": str(cfg.script), "files": sorted(original),
+                                   "sha256": digest})
+    state = State(cfg.out / "state.json")
+    state.check_writable()
+    oracle = Oracle(cfg, original, state, log)
+    try:
+        oracle.check_original()
+        start = dict(original)
+        best_dir = cfg.out / "best"
+        resumed = {n: ((best_dir / n).read_text() if (best_dir / n).exists() else None) for n in original}
+        known = state.get(oracle.key(resumed))
+        if resumed != original and known and known["verdict"] == "bad":  # an earlier run's best
+            start = {n: s for n, s in resumed.items() if s is not None}
+            oracle.best, oracle.best_size = dict(resumed), size(resumed)
+            log(f"[minimize] resuming from {best_dir} ({oracle.best_size[0]} lines)")
+        oracle.deadline = time.monotonic() + cfg.budget
+        log(f"[minimize] reducing {', '.join(original)}: {size(original)[0]} lines, budget "
+            f"{clock(cfg.budget)}")
+        ended = reduce(oracle, start)
+        final = {n: oracle.best.get(n) for n in original}
+        log(f"[minimize] {ended}: {size(final)[0]} lines; confirming with {cfg.confirm} fresh runs")
+        final = {n: formatted(s) if s is not None else None for n, s in final.items()}
+        write_files(cfg.out / "minimized", final)
+        main = final[cfg.script.name]
+        results.write_atomic(cfg.out / "minimized.py", main)
+        diff = "".join(
+            "".join(difflib.unified_diff(original[n].splitlines(True), (final[n] or "").splitlines(True),
+                                         f"a/{n}", f"b/{n}" if final[n] is not None else "/dev/null"))
+            for n in original)
+        results.write_atomic(cfg.out / "minimized.diff", diff)
+        confirmed = oracle.run_trials(final, cfg.confirm, fresh=True, stop_at_bad=False)
+        text = report(cfg, oracle, original, final, ended, confirmed, time.monotonic() - started)
+        results.write_atomic(cfg.out / "report.md", text)
+    except KeyboardInterrupt:
+        if (cfg.out / "best").exists():
+            log(f"[minimize] the best so far ({oracle.best_size[0]} lines) is in {cfg.out / 'best'}; "
+                "the same command resumes from it")
+        raise
+    finally:
+        oracle.close()
+    seen = sum(ok for ok, _ in confirmed)
+    log(text)
+    log(f"[minimize] {cfg.out / 'minimized.py'}: the signature in {seen}/{cfg.confirm} fresh runs")
+    return 0 if seen == cfg.confirm else 1
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return contract.run_main(lambda a: minimize(parse_args(a), log), argv)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
