@@ -635,28 +635,54 @@ def write_files(folder: Path, files: dict[str, str | None]) -> None:
 # -- the reduction -------------------------------------------------------------------------
 
 def reduce(oracle: Oracle, start: dict[str, str]) -> str:
-    """Run pysource-minimize from ``start`` until it is done or the budget is spent; how it ended.
+    """Shrink ``start`` with pysource-minimize's structure pass until nothing more goes or the
+    budget is spent; how it ended.
 
-    Twice: first a coarse pass in which only candidates that remove (or move) whole statements
-    are launched, everywhere in the program, then the fine pass (expressions, arguments, the
-    rest) from the coarse pass's result. pysource-minimize itself goes depth first: it would
-    shrink the expressions of the last function before it tries to drop the first class."""
-    import pysource_minimize
+    Twice: a coarse pass in which only candidates that remove (or move) whole statements are
+    launched, everywhere in the program, then the fine pass (expressions, call arguments,
+    dictionary entries, the rest) from its result; each repeated until a round changes nothing.
+    pysource-minimize's public ``minimize()`` also runs its value and renaming passes (halve
+    every number, cut every string, rename every name): thousands of candidates a real program,
+    each a deep copy of the tree, all refused here anyway (values and names stay as the user
+    wrote them), so its structure pass is driven directly (a private class: the version is
+    pinned in pyproject.toml)."""
+    from pysource_minimize._minimize_structure import MinimizeStructure
 
-    def checker(files: dict, current) -> bool:
-        return oracle({str(name): source for name, source in files.items()})
+    files: dict[str, str | None] = dict(start)
+    for name in oracle.original:
+        files.setdefault(name, None)
+
+    def check_file(name: str):
+        def check(tree) -> bool:
+            try:
+                source = ast.unparse(tree)
+                compile(source, name, "exec")
+            except (SyntaxError, ValueError, RecursionError):
+                return False
+            return oracle({**files, name: source})
+        return check
 
     try:
         for oracle.coarse in (True, False):
-            current = {n: s for n, s in oracle.best.items() if s is not None} if oracle.coarse is False \
-                else start
             oracle.log(f"[minimize] {'coarse pass: whole statements' if oracle.coarse else 'fine pass'}")
-            pysource_minimize.minimize_all({Path(n): s for n, s in current.items()}, checker, retries=0)
+            changed = True
+            while changed:
+                changed = False
+                for name in [n for n, src in files.items() if src is not None]:
+                    if name != oracle.cfg.script.name and oracle({**files, name: None}):
+                        files[name], changed = None, True  # the module is not needed at all
+                        continue
+                    tree = ast.parse(files[name])
+                    if not check_file(name)(tree):
+                        raise BadInput(f"{name} is not bad once its comments and formatting are dropped "
+                                       "(the reducer's first step): it depends on them")
+                    before = ast.unparse(tree)
+                    files[name] = ast.unparse(MinimizeStructure(tree, check_file(name),
+                                                                lambda current, total: None)
+                                              .get_current_tree({}))
+                    changed = changed or files[name] != before
     except BudgetSpent:
         return "the budget was spent"
-    except pysource_minimize.CouldNotMinimize:
-        raise BadInput("the script is not bad once its comments and formatting are dropped "
-                       "(the reducer's first step): it depends on them") from None
     return "the reducer found nothing more to remove"
 
 
