@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import tokenize
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,7 +327,7 @@ def static_rejection(files: dict[str, str | None], script: str, kept: dict[str, 
             return f"{name} reads names bound nowhere: {', '.join(sorted(names)[:3])}"
         calls = call_mismatches(source) - mismatched
         if calls:
-            return f"{name} calls {sorted(calls)[0]}() with arguments it cannot take"
+            return f"{name}: a call with arguments its function cannot take ({sorted(calls)[0]}())"
         if "unique_name_" in source:
             return "a renamed variable (names are kept as the user wrote them)"
         new = {v for v in constants(source) - values if v[1] not in SIMPLEST}
@@ -656,7 +657,9 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
         def check(tree) -> bool:
             try:
                 source = ast.unparse(tree)
-                compile(source, name, "exec")
+                with warnings.catch_warnings():  # "'int' object is not callable" and the like
+                    warnings.simplefilter("ignore", SyntaxWarning)
+                    compile(source, name, "exec")
             except (SyntaxError, ValueError, RecursionError):
                 return False
             return oracle({**files, name: source})
