@@ -217,6 +217,31 @@ def test_never_trades_the_bug_for_another_error(tmp_path):
     assert "skip (RuntimeError)" in (out / "report.md").read_text()  # it was tried, and refused
 
 
+def test_the_same_message_raised_elsewhere_is_not_the_bug(tmp_path):
+    # A candidate that fails with the very same message from another function (engine.probe)
+    # prints the signature: the crash site (AttributeError in engine.py, backward) refuses it.
+    engine = ENGINE + "\n\ndef probe():\n    return None.reducer\n"
+    script = project(tmp_path, engine=engine)
+    cfg = m.parse_args(quick(script, tmp_path / "out"))
+    original = m.project_files(script)
+    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    oracle.check_original()
+    assert oracle.site == ("AttributeError", "engine.py", "backward")
+    elsewhere = {**original, "train.py": "import engine\nengine.probe()\n"}
+    assert SIGNATURE in shows_source(elsewhere, tmp_path / "elsewhere")
+    assert oracle(elsewhere) is False
+    assert any(kind.startswith("the signature raised elsewhere") for kind in oracle.stats.outcomes)
+    same_place = {**original, "train.py": TRAIN.replace("    out.backward()\n", "")}
+    assert oracle(same_place) is True  # still the bug, where it was
+
+
+def shows_source(files: dict, folder: Path) -> str:
+    folder.mkdir()
+    for name, source in files.items():
+        (folder / name).write_text(source)
+    return shows(folder / "train.py", folder)
+
+
 def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
     script = project(tmp_path)
     out = tmp_path / "out"
@@ -249,25 +274,31 @@ def test_a_signature_the_script_can_print_needs_keep_markers(tmp_path):
     assert "could print the signature itself (train.py, line" in proc.stderr
 
 
-def test_ctrl_c_keeps_the_best_so_far(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_path, sig):
     train = TRAIN.replace("def main():\n", "def main():\n    import time\n    time.sleep(0.3)\n")
     script = project(tmp_path, train=train)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    original = m.size({"t": script.read_text()})
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (out / "best" / "train.py").exists():
+    while time.monotonic() < deadline:  # until the first improvement is saved
         time.sleep(0.2)
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)
+        saved = json.loads((out / "best.json").read_text()) if (out / "best.json").exists() else None
+        if saved and m.size({"t": saved["train.py"]}) < original:
+            break
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "the same command resumes from it" in stdout
+    assert not any((out / "work").iterdir())  # no candidate folder left behind
     best = out / "best" / "train.py"
-    (out / "best" / "data.txt").write_text("")
+    assert m.size({"t": best.read_text()}) < original
     assert SIGNATURE in shows(best, out / "best")
-    assert lines(best) <= lines(script)
+    again = run(quick(script, out, "--budget", "0.01"))
+    assert f"[minimize] resuming from {out / 'best'}" in again.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -331,7 +362,7 @@ def test_static_checks_reject_without_a_launch():
     assert m.static_rejection({"a.py": None}, "a.py", {}, known) == "the script itself is gone"
     kept = {"a.py": m.kept_statements("import os  # minimize: keep\nx = 1\n")}
     assert m.static_rejection({"a.py": "x = 1\n"}, "a.py", kept,
-                              {"a.py": (set(), set(), set())}).startswith("a statement marked")
+                              {"a.py": (set(), {(int, 1)}, set())}).startswith("a statement marked")
 
 
 # -- the real thing --------------------------------------------------------------------------

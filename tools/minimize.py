@@ -177,7 +177,10 @@ def project_files(script: Path) -> dict[str, str]:
         name = todo.pop(0)
         if name in found:
             continue
-        source = (folder / name).read_text()
+        try:
+            source = (folder / name).read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise BadInput(f"{name}: cannot read it ({err})") from None
         try:
             tree = ast.parse(source, filename=name)
         except SyntaxError as err:
@@ -304,11 +307,17 @@ def call_mismatches(source: str) -> set[str]:
                                                               signatures[node.func.id][1])}
 
 
-SIMPLEST = {None, 0, True, ""}  # values a removal may leave behind (a default, an empty call)
+# values a removal may leave behind (a default, an empty call), by type: 1.0 == 1 == True in Python
+SIMPLEST = {(type(None), None), (int, 0), (bool, True), (bool, False), (str, "")}
 
 
 def constants(source: str) -> set:
-    return {(type(n.value), n.value) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant)}
+    """The (type, value) of every literal, but the text pieces of f-strings (taking an expression
+    out of one joins its neighbours: not a changed value)."""
+    tree = ast.parse(source)
+    pieces = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    return {(type(n.value), n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and id(n) not in pieces}
 
 
 def static_rejection(files: dict[str, str | None], script: str, kept: dict[str, list[str]],
@@ -330,7 +339,7 @@ def static_rejection(files: dict[str, str | None], script: str, kept: dict[str, 
             return f"{name}: a call with arguments its function cannot take ({sorted(calls)[0]}())"
         if "unique_name_" in source:
             return "a renamed variable (names are kept as the user wrote them)"
-        new = {v for v in constants(source) - values if v[1] not in SIMPLEST}
+        new = constants(source) - values - SIMPLEST
         if new:
             return f"a changed value ({sorted(map(repr, (v[1] for v in new)))[0][:40]}): values are kept"
     return missing_kept(files, kept)
@@ -345,6 +354,11 @@ def headers(source: str) -> set[str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.stmt):
             fields = {f: [] for f in BLOCKS if isinstance(getattr(node, f, None), list)}
+            # except and case clauses: their own header only (their bodies hold statements)
+            if isinstance(node, ast.Try | ast.TryStar):
+                fields["handlers"] = [ast.ExceptHandler(h.type, h.name, []) for h in node.handlers]
+            if isinstance(node, ast.Match):
+                fields["cases"] = [ast.match_case(c.pattern, c.guard, []) for c in node.cases]
             found.add(ast.dump(type(node)(**{**dict(ast.iter_fields(node)), **fields})))
     return found
 
@@ -381,8 +395,8 @@ def prints_signature_itself(files: dict[str, str], signature: str | None) -> str
 # -- where the signature was raised --------------------------------------------------------
 
 FRAME = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
-EXCEPTION = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|"
-                       r"Interrupt|Warning))(?::|$)")
+EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<type>[A-Za-z_][\w.]*)(?::\s|:$|$)")
+RANK = re.compile(r"^\[rank\d+\]:")
 
 
 def crash_site(text: str, signature: str | None, roots: tuple[str, ...]) -> tuple[str, ...] | None:
@@ -397,11 +411,12 @@ def crash_site(text: str, signature: str | None, roots: tuple[str, ...]) -> tupl
         exc = EXCEPTION.match(line)
         if not (exc and re.search(signature, line)):
             continue
-        for back in range(i - 1, -1, -1):
+        for back in range(i - 1, -1, -1):  # up through this traceback's own (indented) lines only
             frame = FRAME.match(lines[back])
             if frame:
                 return exc["type"], _where(frame["path"], roots), frame["func"]
-        return None
+            if not RANK.sub("", lines[back]).startswith((" ", "\t")):
+                break  # not an exception's line after all: a later one may be
     return None
 
 
@@ -447,7 +462,8 @@ class Oracle:
 
     def key(self, files: dict[str, str | None]) -> str:
         payload = json.dumps([sorted(files.items()), self.cfg.signature, self.cfg.verdict_line,
-                              str(self.cfg.python), list(self.cfg.args), self.trials, self.site])
+                              str(self.cfg.python), list(self.cfg.args), self.trials, self.site,
+                              self.cfg.fresh_process, self.timeout])
         return hashlib.sha256(payload.encode()).hexdigest()
 
     # one launch
@@ -459,9 +475,13 @@ class Oracle:
         folder = self.cfg.script.parent
         for entry in folder.iterdir():
             if entry.name in self.original or entry.name == "__pycache__" \
-                    or self.cfg.out.is_relative_to(entry.resolve()):
+                    or self.cfg.out.is_relative_to(entry.absolute()):
                 continue
-            (work / entry.name).symlink_to(entry.resolve())
+            if entry.is_dir():  # a real folder of links: what a candidate writes stays in its own
+                shutil.copytree(entry, work / entry.name, symlinks=True, copy_function=os.symlink,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                (work / entry.name).symlink_to(entry.absolute())
         for name, source in files.items():
             if source is not None:
                 (work / name).write_text(source)
@@ -482,22 +502,25 @@ class Oracle:
             shutil.rmtree(work, ignore_errors=True)
         output = "".join(Path(p).read_text(errors="replace")
                          for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists())
-        if r.code >= contract.FAIL:
+        if r.code >= contract.FAIL and r.returncode is None:  # the runner itself failed, not the candidate
             raise HarnessFailure(f"run {stem}: {r.reason or f'exit {r.code}'}")
         return r, output
 
-    def judge(self, r: harness.RunResult, output: str, work_root: str) -> tuple[bool, str]:
-        """Interesting? and why (the verdict's reason)."""
+    def judge(self, r: harness.RunResult, output: str, work_root: str) -> tuple[bool, str, bool]:
+        """Interesting? why (the verdict's reason), and is that final (else not cached: a
+        timeout or a kill may go the other way next time)."""
         if r.code != contract.BAD:
-            return False, f"{r.verdict}: {r.reason or 'clean'}"
+            # an exit of its own (another error included) comes again; a timeout or kill may not
+            own_exit = r.returncode is not None and r.returncode >= 0
+            return False, f"{r.verdict}: {r.reason or 'clean'}", own_exit
         if self.site is not None:
             here = crash_site(output, self.cfg.signature, (work_root, str(self.cfg.script.parent)))
             if here != self.site:
-                return False, f"the signature raised elsewhere: {here or 'not as an exception'}"
-        return True, r.reason or "bad"
+                return False, f"the signature raised elsewhere: {here or 'not as an exception'}", True
+        return True, r.reason or "bad", True
 
     def run_trials(self, files: dict[str, str | None], trials: int, fresh: bool = False,
-                   stop_at_bad: bool = True) -> list[tuple[bool, str]]:
+                   stop_at_bad: bool = True) -> list[tuple[bool, str, bool]]:
         answers = []
         for _ in range(trials):
             stem = f"{self.key(files)[:12]}-{self.stats.tests}"
@@ -541,8 +564,8 @@ class Oracle:
         if not self.state.get(self.key(self.original)):
             self.state.put(self.key(self.original), {"verdict": "bad", "codes": [1], "seconds": slowest,
                                                      "reason": "the original"})
-        if not (self.cfg.out / "best").exists():
-            write_files(self.cfg.out / "best", self.original)
+        if not (self.cfg.out / "best.json").exists():
+            save_best(self.cfg.out, self.original)
         self.timeout = min(self.cfg.timeout, max(CANDIDATE_TIMEOUT[1], CANDIDATE_TIMEOUT[0] * slowest))
         self.rate = bad / runs
         if self.cfg.trials == "auto":
@@ -553,6 +576,8 @@ class Oracle:
 
     # the reducer's test
     def __call__(self, files: dict[str, str | None]) -> bool:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent()
         files = {n: files.get(n) for n in self.original}  # a removed file is None
         why = static_rejection(files, self.cfg.script.name, self.kept, self.known)
         if not why and self.coarse and not only_removes_statements(files, self.best):
@@ -570,20 +595,30 @@ class Oracle:
             if interesting:
                 self.improve(files)
             return interesting
-        else:
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                raise BudgetSpent()
-            start = time.monotonic()
-            answers = self.run_trials(files, self.trials)
-            interesting = any(ok for ok, _ in answers)
-            reason = next((why for ok, why in answers if ok == interesting), "")
+        start = time.monotonic()
+        answers = self.run_trials(files, self.trials)
+        interesting = any(ok for ok, *_ in answers)
+        reason = next((why for ok, why, _ in answers if ok == interesting), "")
+        if interesting or all(final for *_, final in answers):
             self.state.put(key, {"verdict": "bad" if interesting else "skip",
-                                 "codes": [1 if ok else 0 for ok, _ in answers],
+                                 "codes": [1 if ok else 0 for ok, *_ in answers],
                                  "seconds": round(time.monotonic() - start, 1), "reason": reason})
-            cached = self.state.get(key)
         if interesting:
             self.improve(files)
-        return self._count(interesting, cached.get("reason") or "", files)
+        return self._count(interesting, reason, files)
+
+    def recheck(self, files: dict[str, str | None]) -> bool:
+        """Run a candidate that should be interesting (the original without its comments) again,
+        cache aside, as often as needed to see a bug of the measured rate with probability
+        0.999; cache it as interesting when it is."""
+        runs = trials_for(self.rate, miss=0.001)
+        answers = self.run_trials(files, runs)
+        if any(ok for ok, *_ in answers):
+            self.state.put(self.key(files), {"verdict": "bad", "codes": [1], "seconds": 0.0,
+                                             "reason": "seen again"})
+            self.improve(files)
+            return True
+        return False
 
     def _count(self, interesting: bool, reason: str, files=None) -> bool:
         if not interesting:
@@ -598,7 +633,7 @@ class Oracle:
         """The reducer goes on from each interesting candidate: that is the best so far."""
         self.best, self.best_size = dict(files), size(files)
         self.stats.improvements += 1
-        write_files(self.cfg.out / "best", files)
+        save_best(self.cfg.out, files)
 
     def progress(self, files, interesting: bool, reason: str) -> None:
         elapsed = time.monotonic() - self.started
@@ -621,6 +656,24 @@ class Oracle:
 def clock(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     return f"{minutes}m{secs:02d}s"
+
+
+def save_best(out: Path, files: dict[str, str | None]) -> None:
+    """The best candidate: ``best.json`` (written atomically in one piece: what a resume reads),
+    and its files in ``best/`` to look at."""
+    results.write_json(out / "best.json", files)
+    write_files(out / "best", files)
+
+
+def load_best(out: Path, original: dict[str, str]) -> dict[str, str | None]:
+    """The best candidate of an earlier run, or the original when there is none."""
+    try:
+        saved = json.loads((out / "best.json").read_text())
+    except (OSError, ValueError):
+        return dict(original)
+    if not isinstance(saved, dict) or set(saved) != set(original):
+        return dict(original)
+    return saved
 
 
 def write_files(folder: Path, files: dict[str, str | None]) -> None:
@@ -676,9 +729,10 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
                         files[name], changed = None, True  # the module is not needed at all
                         continue
                     tree = ast.parse(files[name])
-                    if not check_file(name)(tree):
+                    if not (check_file(name)(tree) or oracle.recheck({**files, name: ast.unparse(tree)})):
                         raise BadInput(f"{name} is not bad once its comments and formatting are dropped "
-                                       "(the reducer's first step): it depends on them")
+                                       "(the reducer's first step): it depends on them, or the bug "
+                                       "is rarer than measured (try --trials auto)")
                     before = ast.unparse(tree)
                     files[name] = ast.unparse(MinimizeStructure(tree, check_file(name),
                                                                 lambda current, total: None)
@@ -705,10 +759,10 @@ def versions(python: Path) -> dict[str, str]:
             "for p in ('torch', 'lightning', 'pytorch-lightning'):\n"
             "    try:\n        out[p] = m.version(p)\n    except m.PackageNotFoundError:\n        pass\n"
             "print(json.dumps(out))")
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
     try:
+        proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
         return json.loads(proc.stdout)
-    except ValueError:
+    except (subprocess.TimeoutExpired, ValueError):
         return {"python": "?"}
 
 
@@ -716,7 +770,7 @@ def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[st
            ended: str, confirmed: list[tuple[bool, str]], seconds: float) -> str:
     o_lines, o_tokens = size(original)
     lines, tokens = size(final)
-    seen = sum(ok for ok, _ in confirmed)
+    seen = sum(ok for ok, *_ in confirmed)
     vers = versions(cfg.python)
     s = oracle.stats
     rows = "\n".join(f"| {why} | {n} |" for why, n in sorted(s.outcomes.items(), key=lambda kv: -kv[1]))
@@ -746,7 +800,8 @@ Why candidates were not interesting:
 |---|---|
 {rows or '| (none) | 0 |'}
 
-Run it: `python minimized.py{' ' + ' '.join(cfg.args) if cfg.args else ''}`
+Run it: `python {'minimized.py' if len(original) == 1 else f'minimized/{cfg.script.name}'}{
+    ' ' + ' '.join(cfg.args) if cfg.args else ''}`
 """
 
 
@@ -759,10 +814,17 @@ def minimize(cfg: Config, log=print) -> int:
                        f"({where or 'it prints the verdict line'}): mark the code that decides it "
                        "with '# minimize: keep' (on the first line of each statement to keep), "
                        "or the smallest 'interesting' program is that print alone")
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadInput(f"--out {cfg.out}: cannot make that folder ({err.strerror})") from None
     meta_path = cfg.out / "original.json"
     digest = hashlib.sha256(json.dumps(sorted(original.items())).encode()).hexdigest()
-    if meta_path.exists() and json.loads(meta_path.read_text()).get("sha256") != digest:
+    try:
+        earlier = json.loads(meta_path.read_text()) if meta_path.exists() else {"sha256": digest}
+    except (OSError, ValueError):
+        earlier = {}
+    if not isinstance(earlier, dict) or earlier.get("sha256") != digest:
         raise BadInput(f"{cfg.out} holds the reduction of another script (or of an earlier version "
                        "of this one): give another --out, or remove that folder")
     results.write_json(meta_path, {"script": str(cfg.script), "files": sorted(original),
@@ -774,7 +836,7 @@ def minimize(cfg: Config, log=print) -> int:
         oracle.check_original()
         start = dict(original)
         best_dir = cfg.out / "best"
-        resumed = {n: ((best_dir / n).read_text() if (best_dir / n).exists() else None) for n in original}
+        resumed = load_best(cfg.out, original)
         known = state.get(oracle.key(resumed))
         if resumed != original and known and known["verdict"] == "bad":  # an earlier run's best
             start = {n: s for n, s in resumed.items() if s is not None}
@@ -805,7 +867,7 @@ def minimize(cfg: Config, log=print) -> int:
         raise
     finally:
         oracle.close()
-    seen = sum(ok for ok, _ in confirmed)
+    seen = sum(ok for ok, *_ in confirmed)
     log(text)
     log(f"[minimize] {cfg.out / 'minimized.py'}: the signature in {seen}/{cfg.confirm} fresh runs")
     return 0 if seen == cfg.confirm else 1
