@@ -280,8 +280,10 @@ def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_pat
     script = project(tmp_path, train=train)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = tmp_path / "stdout", tmp_path / "stderr"  # files: a pipe would wait for any helper holding it
+    with open(logs[0], "w") as out_log, open(logs[1], "w") as err_log:
+        proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
+                                env=env, stdout=out_log, stderr=err_log, text=True)
     original = m.size({"t": script.read_text()})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the first improvement is saved
@@ -290,7 +292,8 @@ def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_pat
         if saved and m.size({"t": saved["train.py"]}) < original:
             break
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    stdout, stderr = (path.read_text() for path in logs)
     assert proc.returncode == 130, stderr
     assert "the same command resumes from it" in stdout
     assert not any((out / "work").iterdir())  # no candidate folder left behind
@@ -385,7 +388,8 @@ def test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused(tmp_path):
     report = (out / "report.md").read_text()
     assert "`AttributeError` in `torch/nn/parallel/distributed.py`" in report
     assert "signature in 1 of 1 fresh runs" in report
-    assert lines(out / "minimized.py") < lines(script)
+    # tokens, not lines: ruff's formatting of what is left may take more lines than the original
+    assert m.size({"t": (out / "minimized.py").read_text()})[1] < m.size({"t": script.read_text()})[1]
     control = run([*args, "--out", str(tmp_path / "control"), "--", "anchor.detach=true"])
     assert control.returncode == 2, control.stdout[-2000:] + control.stderr[-2000:]
     assert "two_stage_anchor.py is not bad" in control.stderr
