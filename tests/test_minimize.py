@@ -336,7 +336,7 @@ def test_an_out_folder_of_another_script_is_refused(tmp_path):
 
 TRACEBACK = """\
 [rank1]: Traceback (most recent call last):
-[rank1]:   File "/work/x/train.py", line 9, in <module>
+[rank1]:   File "/home/alice/proj/train.py", line 9, in <module>
 [rank1]:     main()
 [rank1]:   File "/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 270, in backward
 [rank1]:     reducer = ddp_weakref.reducer
@@ -346,11 +346,11 @@ TRACEBACK = """\
 
 
 def test_crash_site_reads_rank_prefixed_tracebacks():
-    assert m.crash_site(TRACEBACK, SIGNATURE, ("/work/x",)) == (
+    assert m.crash_site(TRACEBACK, SIGNATURE, ("/home/alice/proj",)) == (
         "AttributeError", "torch/nn/parallel/distributed.py", "backward")
     own = TRACEBACK.replace("/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py",
-                            "/work/x/train.py")
-    assert m.crash_site(own, SIGNATURE, ("/work/x",)) == ("AttributeError", "train.py", "backward")
+                            "/home/alice/proj/train.py")
+    assert m.crash_site(own, SIGNATURE, ("/home/alice/proj",)) == ("AttributeError", "train.py", "backward")
     assert m.crash_site("printed: 'NoneType' object has no attribute 'reducer'\n", SIGNATURE, ()) is None
 
 

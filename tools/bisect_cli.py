@@ -118,13 +118,7 @@ def parse_args(argv) -> Config:
                        "its output shows when the bug is there), or --verdict-line if it prints "
                        "the contract's verdict line")
     contract.check_signature(args.signature)
-    trials = args.trials
-    if trials != "auto":
-        try:
-            trials = int(trials)
-            assert trials >= 1
-        except (ValueError, AssertionError):
-            raise BadInput("--trials takes a number >= 1 or 'auto'") from None
+    trials = contract.check_trials(args.trials)
     if args.timeout <= 0:
         raise BadInput("--timeout must be > 0")
     if args.axis == "torch" and not args.lightning:

@@ -118,6 +118,19 @@ def check_signature(signature: str | None) -> str | None:
     return signature
 
 
+def check_trials(trials: str) -> int | str:
+    """A ``--trials`` value: a number >= 1, or ``"auto"``."""
+    if trials == "auto":
+        return trials
+    try:
+        number = int(trials)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise BadInput("--trials takes a number >= 1 or 'auto'")
+    return number
+
+
 # -- errors and the programs' exit codes ----------------------------------------------------
 
 class Failure(Exception):

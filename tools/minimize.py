@@ -131,13 +131,7 @@ def parse_args(argv: list[str]) -> Config:
         raise BadInput(f"{a.script}: give --signature REGEX (what its output shows when the bug is "
                        "there), or --verdict-line if it prints the contract's verdict line")
     contract.check_signature(a.signature)
-    trials = a.trials
-    if trials != "auto":
-        try:
-            trials = int(trials)
-            assert trials >= 1
-        except (ValueError, AssertionError):
-            raise BadInput("--trials takes a number >= 1 or 'auto'") from None
+    trials = contract.check_trials(a.trials)
     for name in ("budget", "timeout"):
         if getattr(a, name) <= 0:
             raise BadInput(f"--{name} must be > 0")
