@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results, sessions  # noqa: E402
+from tools import cells, envs, matrix, results, sessions, slurm_cluster, slurm_jobs  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -33,12 +33,38 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
         session.skip(reason)
     session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
     cells.install(session, cell, out)
+    if opts.executor == "slurm":  # the cell becomes a task of one job array, submitted after the cells
+        cells.add_slurm_task(cell, str(Path(session.bin) / "python"), out, opts, repro_args)
+        session.notify("repro_slurm", session.posargs)
+        return
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
                    opts.timeout, log=session.log, script=opts.script, signature=opts.signature,
-                   fresh_process=opts.fresh_process, verdict_line=opts.verdict_line)
+                   fresh_process=opts.fresh_process, verdict_line=opts.verdict_line,
+                   nodes=opts.nodes, ranks_per_node=opts.ranks_per_node)
     if cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")
+
+
+@nox.session(python=False)
+def repro_slurm(session: nox.Session) -> None:
+    """Submit the cells `nox -s repro -- --executor slurm` prepared as one SLURM job array; wait;
+    print the table (runs after those cells on its own)."""
+    opts, _ = cells.parse_posargs(session.posargs)
+    sessions.run_main(session, lambda: print(slurm_jobs.run_matrix(results.run_dir("repro"), opts.slurm,
+                                                                   opts.script, log=session.log)))
+
+
+@nox.session(python=False)
+def slurm_up(session: nox.Session) -> None:
+    """Install (if missing) and start a one-node SLURM cluster on this machine (.cache/slurm)."""
+    sessions.run_main(session, slurm_cluster.up)
+
+
+@nox.session(python=False)
+def slurm_down(session: nox.Session) -> None:
+    """Stop the local SLURM cluster's daemons (idempotent)."""
+    sessions.run_main(session, slurm_cluster.down)
 
 
 @nox.session(python=False)

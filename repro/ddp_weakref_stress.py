@@ -60,9 +60,13 @@ class NotApplicable(Exception):
 # Messages of the fixes in patches/ (and any fix that names the cause this way).
 CLEAR_ERROR = re.compile(r"(no longer exists|another DistributedDataParallel|stale DDP graph|"
                          r"DDP wrapper that (built|produced)|created by an earlier DDP)", re.I)
+# gloo's and NCCL's words for "a peer went away or never answered" (NCCL: its watchdog's
+# collective timeout, a remote or system error, an aborted communicator)
 PEER_FAILURE = re.compile(r"(Connection closed by peer|Connection reset by peer|Broken pipe|"
                           r"Timed out waiting|timed out|Watchdog caught collective|"
-                          r"ProcessGroupGloo|gloo/transport|NCCL (error|communicator))", re.I)
+                          r"ProcessGroupGloo|gloo/transport|ProcessGroupNCCL|NCCL (error|communicator)|"
+                          r"ncclRemoteError|ncclSystemError|NCCL operations have failed|"
+                          r"DistBackendError)", re.I)
 
 
 def classify(text: str) -> str:
@@ -116,12 +120,15 @@ def _torch_setup(ctx):
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=ctx.rank, world_size=2,
+        dist.init_process_group("nccl" if ctx.gpu else "gloo", rank=ctx.rank, world_size=ctx.world_size,
                                 timeout=timedelta(seconds=ctx.collective_timeout))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    device = torch.device(f"cuda:{ctx.local_rank}" if ctx.gpu else "cpu")
+    if ctx.gpu:
+        torch.cuda.set_device(device)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(device)
     gen = torch.Generator().manual_seed(ctx.rank)
-    return torch, model, lambda: torch.randn(4, 8, generator=gen)
+    return torch, model, lambda: torch.randn(4, 8, generator=gen).to(device)
 
 
 def _ddp(torch, model, **kw):
@@ -290,7 +297,8 @@ def _lightning(ctx, *, carrier=None, manual=False, accumulate=1, validate=False,
                                                       save_top_k=-1))
 
     def trainer(epochs=max_epochs):
-        return pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=epochs,
+        return pl.Trainer(accelerator="gpu" if ctx.gpu else "cpu", devices=ctx.per_node, num_nodes=ctx.nodes,
+                          strategy=strategy, max_epochs=epochs,
                           callbacks=callbacks, accumulate_grad_batches=accumulate,
                           limit_train_batches=8, limit_val_batches=2, logger=False,
                           enable_checkpointing=checkpoint, enable_progress_bar=False,
@@ -497,6 +505,11 @@ def control_outputs_kept_one_fit(ctx):
 class Ctx:
     def __init__(self, args):
         self.rank = int(os.environ["RANK"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", str(self.rank)))
+        self.gpu = args.accelerator == "gpu"
+        self.world_size = int(os.environ.get("WORLD_SIZE", "2"))
+        self.per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        self.nodes = self.world_size // self.per_node
         self.import_name = args.import_name
         self.collective_timeout = args.collective_timeout
         self.tmp = args.out
@@ -505,8 +518,8 @@ class Ctx:
 
 
 def worker(args) -> None:
-    if "RANK" not in os.environ:  # started by hand or by the orchestrator: start the peer
-        _start_peer()
+    if "RANK" not in os.environ:  # started by hand or by the orchestrator: start the peers
+        _start_peers(args.ranks_per_node)
     ctx = Ctx(args)
     text = ""
     try:
@@ -519,10 +532,11 @@ def worker(args) -> None:
     if text:
         outcome["traceback"] = text[-4000:]
     results.write_json(Path(args.out) / f"rank{rank}.json", outcome)
-    if text and rank == 0:  # let the peer record its own outcome before the group is killed
+    if text and rank == 0:  # let the peers record their own outcomes before the group is killed
         _teardown_pg()
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and not (Path(args.out) / "rank1.json").exists():
+        while time.monotonic() < deadline and not all(
+                (Path(args.out) / f"rank{r}.json").exists() for r in range(1, ctx.world_size)):
             time.sleep(0.1)
     elif rank == 0:
         _launch.join()  # a forked peer (fork mode) records its outcome before the group is killed
@@ -533,7 +547,7 @@ def worker(args) -> None:
 def forked_worker(args, name: str, seed: int, folder: Path) -> None:
     """One run in a fork of the orchestrator: fork the peer rank, then be rank 0."""
     args = argparse.Namespace(**{**vars(args), "worker": name, "seed": seed, "out": str(folder)})
-    _launch.fork_ranks(2)
+    _launch.fork_ranks(args.ranks_per_node)
     worker(args)
 
 
@@ -548,15 +562,15 @@ def preload(import_name: str) -> str | None:
     return None
 
 
-def _start_peer():
-    """Start rank 1 before importing anything heavy, so both ranks import torch in parallel.
-
-    The variables are torchrun's (as in the forked mode): Lightning starts no process itself.
-    """
+def _start_peers(world_size: int):
+    """Start ranks 1..world_size-1 before importing anything heavy, so all ranks import torch in
+    parallel. The variables are torchrun's (as in the forked mode): Lightning starts no process
+    itself."""
     port, run_id = _launch.free_port(), f"fresh-{os.getpid()}"
-    os.environ.update(_launch.torchrun_env(2, 0, port, run_id))
-    subprocess.Popen([sys.executable, *sys.argv],
-                     env={**os.environ, **_launch.torchrun_env(2, 1, port, run_id)})
+    os.environ.update(_launch.torchrun_env(world_size, 0, port, run_id))
+    for rank in range(1, world_size):
+        subprocess.Popen([sys.executable, *sys.argv],
+                         env={**os.environ, **_launch.torchrun_env(world_size, rank, port, run_id)})
 
 
 def _teardown_pg():
@@ -605,6 +619,13 @@ def parse_args(argv):
     p.add_argument("--collective-timeout", type=float, default=30.0)
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter per rank of every run instead of forks of this process")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="run each scenario as this many nodes, each a torchrun with c10d rendezvous "
+                        "on this machine (as a cluster launches a job)")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="ranks of each node (default 2 on one node, 1 with --nodes)")
+    p.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                   help="gpu: NCCL (untested here: no GPU); cpu: gloo")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     for name in filter(None, [args.scenario, args.worker]):
@@ -619,6 +640,10 @@ def parse_args(argv):
         args.repeat = 1 if args.quick else 3
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
+    if args.ranks_per_node is None:
+        args.ranks_per_node = 2 if args.nodes == 1 else 1
+    if args.nodes < 1 or args.ranks_per_node < 1 or args.nodes * args.ranks_per_node < 2:
+        p.error("--nodes and --ranks-per-node must be >= 1, with at least 2 ranks in all")
     return args
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from tools import contract, envs, harness, index, results
+from tools import nodes as multinode
 from tools.matrix import ROOT, Cell, Matrix, Repro
 from tools.preloaded import Runner
 
@@ -28,7 +30,25 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every repro run (default: the cell's repros are "
                         "forks of one process that imported torch and Lightning once)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="run every repro as this many nodes (each a torchrun with c10d rendezvous on "
+                        "this machine, as a cluster launches a job); repros that run on one node "
+                        "only are recorded as not run")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="ranks of each node with --nodes (default 1)")
+    from tools import slurm_jobs
+
+    slurm_jobs.add_options(p)
     opts, rest = p.parse_known_args(posargs)
+    if opts.nodes < 1 or (opts.ranks_per_node is not None and opts.ranks_per_node < 1):
+        p.error("--nodes and --ranks-per-node must be >= 1")
+    if opts.ranks_per_node is not None and opts.nodes == 1:
+        p.error("--ranks-per-node goes with --nodes N (N >= 2)")
+    opts.ranks_per_node = opts.ranks_per_node or 1
+    try:
+        opts.slurm = slurm_jobs.options(opts, opts.nodes, opts.ranks_per_node if opts.nodes > 1 else 2)
+    except contract.BadInput as err:
+        p.error(str(err))
     if opts.script:
         script = Path(opts.script)
         if not script.is_file():
@@ -87,6 +107,18 @@ def record_skip(cell: Cell, reason: str, out: Path) -> None:
     results.write_json(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
 
 
+def add_slurm_task(cell: Cell, python: str, out: Path, opts: argparse.Namespace,
+                   repro_args: list[str]) -> None:
+    """The cell as a task of the run's SLURM job array (``tools/slurm_jobs.py``)."""
+    from tools import slurm_jobs
+
+    slurm_jobs.add_task(out, {"cell": _cell_json(cell), "python": python, "out": str(out),
+                              "repro_args": repro_args, "timeout": opts.timeout, "script": opts.script,
+                              "signature": opts.signature, "fresh_process": opts.fresh_process,
+                              "verdict_line": opts.verdict_line, "nodes": opts.nodes,
+                              "ranks_per_node": opts.ranks_per_node})
+
+
 def repros_of(matrix: Matrix, script: str | None, verdict_line: bool = False) -> list[Repro]:
     extra = [Repro(f"script:{Path(script).name}", str(Path(script).resolve()), passthrough=True,
                    verdict_line=verdict_line, preload=False)] if script else []
@@ -95,17 +127,23 @@ def repros_of(matrix: Matrix, script: str | None, verdict_line: bool = False) ->
 
 def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
              timeout: float, log=print, script: str | None = None, signature: str | None = None,
-             fresh_process: bool = False, verdict_line: bool = False) -> dict:
+             fresh_process: bool = False, verdict_line: bool = False, nodes: int = 1,
+             ranks_per_node: int = 1, allocation: dict | None = None) -> dict:
     """Run every repro of the matrix (and ``script``) in the cell's environment ``python``.
 
     The matrix's own repros share one preloaded runner (``tools/preloaded.py``: torch and
     Lightning imported once, every repro a fork of it) unless ``fresh_process``; a user's script
-    always gets a fresh interpreter (it may do anything at import). Results are written after
-    every repro.
+    always gets a fresh interpreter (it may do anything at import). With ``nodes`` > 1 every
+    repro runs as that many nodes (``tools/nodes.py``; a repro's ``multinode`` in the matrix says
+    how: ``torchrun`` launches it on each node, ``self`` gives it ``--nodes``; without it the repro
+    runs on one node only and is recorded as not run); inside a SLURM job of several nodes
+    (``allocation``: the job's ``SLURM_*`` variables) ``srun`` launches the ranks instead, and
+    Lightning takes them from its SLURM environment. Results are written after every repro.
     """
     started = time.monotonic()
     outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args,
-                     "launch": "fresh-process" if fresh_process else "preloaded",
+                     "launch": ("fresh-process" if fresh_process or nodes > 1 else "preloaded")
+                     + (f", {nodes} nodes x {ranks_per_node} ranks" if nodes > 1 else ""),
                      "incomplete": True, "seconds": 0.0}
     logs = out / "logs" / cell.id
     repros = repros_of(matrix, script, verdict_line)
@@ -118,9 +156,20 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
                               *(repro_args if repro.passthrough else [])],
                      "timeout": timeout, "log_stem": str(logs / repro.name),
                      "signature": None if repro.preload else signature})
+    by_name = {r.name: r for r in repros}
+    if nodes > 1:
+        for job in jobs:
+            job["preload"] = False
+            how = by_name[job["name"]].multinode
+            if how == "torchrun":
+                job["argv"] += ["--num-nodes", str(nodes), "--devices", str(ranks_per_node)]
+            elif how == "self":
+                job["argv"] += ["--nodes", str(nodes), "--ranks-per-node", str(ranks_per_node)]
+            elif by_name[job["name"]].passthrough and job["name"].startswith("script:"):
+                job["multinode"] = "torchrun"  # a user's script: launched by torchrun on each node
+            job.setdefault("multinode", how)
     preloaded = [j for j in jobs if j["preload"]]
     fresh = [j for j in jobs if not j["preload"]]
-    by_name = {r.name: r for r in repros}
 
     def record(name: str, res: harness.RunResult) -> None:
         outcome["results"][name] = res.to_dict()
@@ -141,8 +190,23 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
                 if runner.forked is False:
                     outcome["launch"] = "fresh-process (the preload failed: see preloaded.stderr)"
     for job in fresh:
-        record(job["name"], harness.run([python, *job["argv"]], timeout=job["timeout"],
-                                        log_stem=job["log_stem"], signature=job["signature"]))
+        how = job.get("multinode")
+        if nodes > 1 and how == "torchrun" and allocation:
+            srun = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node}",
+                    "--kill-on-bad-exit=1", python, *job["argv"]]
+            res = harness.run(srun, timeout=job["timeout"], log_stem=job["log_stem"],
+                              signature=job["signature"], env={**os.environ, **allocation})
+        elif nodes > 1 and how == "torchrun":
+            res = multinode.run_job([python, *job["argv"]], nodes=nodes, per_node=ranks_per_node,
+                                    timeout=job["timeout"], log_stem=job["log_stem"],
+                                    signature=job["signature"], progress=log)
+        elif nodes > 1 and how != "self":
+            res = harness.RunResult(contract.SKIP, "skip", "runs on one node only (no multinode in "
+                                    "repro/matrix.toml)", 0.0, None)
+        else:
+            res = harness.run([python, *job["argv"]], timeout=job["timeout"],
+                              log_stem=job["log_stem"], signature=job["signature"])
+        record(job["name"], res)
     outcome["seconds"] = round(time.monotonic() - started, 1)
     del outcome["incomplete"]
     _DONE.append(outcome["seconds"])

@@ -110,8 +110,10 @@ def _declared(path: str | None) -> set[int]:
         return set()
 
 
-def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None, poll: float = 0.1):
-    """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'.
+def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None, poll: float = 0.1,
+          stop=None):
+    """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'
+    (a rank died, or ``stop``, a ``threading.Event``, was set: another node of the job ended).
 
     Only ranks count as peers: processes started with rank variables (``is_rank``) and the pids
     a launcher declared in ``ranks_file`` (forked ranks keep their parent's environment). Any
@@ -131,13 +133,15 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
             peer_died_at = now
         if peer_died_at is not None and now - peer_died_at >= peer_grace:
             return "peer"
+        if stop is not None and stop.is_set():
+            return "peer"
         time.sleep(poll)
     return None
 
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
         env: dict | None = None, cwd: str | Path | None = None, peer_grace: float = 30.0,
-        signature: str | None = None) -> RunResult:
+        signature: str | None = None, stop=None) -> RunResult:
     """Run ``cmd`` (a repro) and judge it by the contract (``contract.judge``): exit 1 is bad
     only with a verdict line saying so or with ``signature``, a regex found in its output (for
     a user's own script that prints no verdict line)."""
@@ -147,7 +151,7 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
                                 env=child_env, cwd=cwd, start_new_session=True)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
-                      signature=signature)
+                      signature=signature, stop=stop)
 
 
 def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
@@ -258,7 +262,7 @@ class _Forked:
         return self.returncode
 
 
-def _supervise(start, *, timeout, log_stem, peer_grace, signature) -> RunResult:
+def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) -> RunResult:
     log_stem = Path(log_stem) if log_stem else None
     if log_stem:
         log_stem.parent.mkdir(parents=True, exist_ok=True)
@@ -277,7 +281,7 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature) -> RunResult:
             return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
         watchdog = _watchdog(proc.pid)
         try:
-            why = _wait(proc, timeout, peer_grace, ranks_file.name)
+            why = _wait(proc, timeout, peer_grace, ranks_file.name, stop=stop)
         except BaseException:  # Ctrl-C, SIGTERM: no verdict, but never leave ranks behind
             kill_group(proc.pid)
             raise

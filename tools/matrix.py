@@ -29,6 +29,7 @@ class Repro:
     fresh_args: tuple[str, ...] = ()  # added with `--fresh-process`: new interpreters for its ranks too
     verdict_line: bool = True  # prints the contract's verdict line (else: judged by a --signature)
     preload: bool = True  # the workspace's own: safe to fork from a preloaded runner
+    multinode: str | None = None  # how it runs as several nodes: "torchrun" | "self" | None (one node)
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,12 @@ def load(path: Path = DEFAULT) -> Matrix:
             raise ValueError(f"{path}: unknown package {pkg!r} (one of {', '.join(PREFIX)})")
     cells = tuple(Cell(pkg, ver, t, ranges.get(ver), includes.get((pkg, ver, t)), i)
                   for i, (pkg, ver, t) in enumerate(keys))
+    for r in data.get("repro", []):
+        if r.get("multinode") not in (None, "torchrun", "self"):
+            raise ValueError(f"{path}: repro {r.get('name')!r}: multinode is 'torchrun' or 'self', "
+                             f"not {r['multinode']!r}")
     repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"),
                          bool(r.get("passthrough")), tuple(r.get("fresh_args", ())),
-                         bool(r.get("verdict_line", True)))
+                         bool(r.get("verdict_line", True)), multinode=r.get("multinode"))
                    for r in data.get("repro", []))
     return Matrix(cells, repros)

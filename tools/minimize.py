@@ -57,6 +57,7 @@ from pathlib import Path
 from tools import contract, envs, harness, index, matrix, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
+from tools.minimize_passes import drop_unused, fold, instrument, read_records
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -525,6 +526,35 @@ class Oracle:
                 break
         return answers
 
+    def record_values(self, files: dict[str, str | None]) -> dict[str, dict[int, str]]:
+        """One launch of ``files`` with their config reads recorded (``minimize_passes``): per
+        file, the reads that gave one plain value every time (by site id). Kept in
+        ``values.json`` by the files' key: a resumed reduction does not launch it again."""
+        key = self.key(files)
+        path = self.cfg.out / "values.json"
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if key in known:
+            return {n: {int(i): t for i, t in r.items()} for n, r in known[key].items()}
+        sinks = {n: self.cfg.out / "work" / f"values-{n}.jsonl" for n, s in files.items() if s}
+        for sink in sinks.values():
+            sink.parent.mkdir(parents=True, exist_ok=True)
+            sink.unlink(missing_ok=True)
+        instrumented = {n: instrument(s, sinks[n]) if s else None for n, s in files.items()}
+        r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=False)
+        self.stats.tests += 1
+        records = {n: read_records(sink) for n, sink in sinks.items()}
+        for sink in sinks.values():
+            sink.unlink(missing_ok=True)
+        if r.returncode is not None and r.returncode >= 0:  # ran to its own end: it comes again
+            results.write_json(path, {**known, key: {n: {str(i): t for i, t in rec.items()}
+                                                     for n, rec in records.items()}})
+        return records
+
     # the original
     def check_original(self) -> None:
         """Bad to begin with (else BadInput), the crash site, and the trials with 'auto'."""
@@ -717,7 +747,9 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
             oracle.log(f"[minimize] {'coarse pass: whole statements' if oracle.coarse else 'fine pass'}")
             changed = True
             while changed:
-                changed = False
+                before_round = dict(files)
+                files.update(whole_program(oracle, files))
+                changed = files != before_round
                 for name in [n for n, src in files.items() if src is not None]:
                     if name != oracle.cfg.script.name and oracle({**files, name: None}):
                         files[name], changed = None, True  # the module is not needed at all
@@ -735,6 +767,40 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
     except BudgetSpent:
         return "the budget was spent"
     return "the reducer found nothing more to remove"
+
+
+def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | None]:
+    """``files`` after the whole-program passes (``minimize_passes``), each proposed as one
+    candidate and kept only when the harness finds it interesting: the config reads folded into
+    their values (when all at once is not interesting, one module-level statement at a time),
+    then the definitions nothing reads dropped."""
+    allowed = set().union(*(constants(s) for s in oracle.original.values()))
+    coarse, oracle.coarse = oracle.coarse, False  # folding changes statements: judged as a whole
+    try:
+        records = oracle.record_values(files)
+        counts = {n: fold(files[n], records[n], allowed)[1] for n in records}
+        if sum(counts.values()):
+            oracle.log(f"[minimize] value folding: {sum(counts.values())} config reads always gave "
+                       "one value; trying them as literals")
+            candidate = {**files, **{n: fold(files[n], records[n], allowed)[0] for n in records}}
+            if oracle(candidate):
+                files = candidate
+            else:
+                for name in counts:
+                    chosen: set[int] = set()
+                    for i in range(len(ast.parse(files[name]).body)):
+                        source, n = fold(files[name], records[name], allowed, within=chosen | {i})
+                        if n > fold(files[name], records[name], allowed, within=chosen)[1] \
+                                and oracle({**files, name: source}):
+                            chosen.add(i)
+                    if chosen:
+                        files = {**files, name: fold(files[name], records[name], allowed, within=chosen)[0]}
+        pruned = drop_unused(files, oracle.kept)
+        if pruned != files and oracle(pruned):
+            files = pruned
+    finally:
+        oracle.coarse = coarse
+    return files
 
 
 def formatted(source: str) -> str:

@@ -48,3 +48,14 @@ def run_tool(session, module: str, args: list[str]) -> None:
     code = 128 - code if code < 0 else code  # killed by a signal N: 128 + N, as a shell says
     if code:
         sys.exit(code)  # nox passes SystemExit through: its exit code is the tool's
+
+
+def run_main(session, fn) -> None:
+    """Run ``fn()`` in nox's own process (a session without an environment) with the tools'
+    conventions: bad input one line and exit 2, Ctrl-C/SIGTERM exit 130 after cleanup; exit nox
+    with that code."""
+    from tools import contract
+
+    code = contract.run_main(lambda _argv: fn() or 0, [])
+    if code:
+        sys.exit(code)

@@ -1,0 +1,108 @@
+"""Several nodes of one job on this machine (tools/nodes.py): one torchrun per node with the c10d
+rendezvous, the job's verdict from global rank 0, the workers' own exit codes, and a dead node
+never leaving the others blocked. The workers here are tiny scripts (no DDP); the ``ddp`` tests
+run the real repros as 2 nodes x 1 rank and compare with one node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tools import contract, nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKER = textwrap.dedent('''
+    import json, os, sys, time
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    mode = sys.argv[1]
+    print(f"rank {rank} of {world} on node {os.environ['GROUP_RANK']}", flush=True)
+    if mode == "verdict":
+        code = int(sys.argv[2])
+        if rank == 0:
+            verdict = {0: "good", 1: "bad", 125: "skip"}[code]
+            print(json.dumps({"repro": "t", "verdict": verdict, "exit_code": code}), flush=True)
+        os._exit(code)
+    if mode == "one-dies":  # the last rank crashes; the others would wait for it forever
+        if rank == world - 1:
+            os._exit(3)
+        time.sleep(600)
+    if mode == "signature":
+        if rank == 1:
+            raise AttributeError("'NoneType' object has no attribute 'reducer'")
+        time.sleep(1)
+''')
+
+
+@pytest.fixture
+def worker(tmp_path) -> Path:
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def job(worker: Path, tmp_path: Path, *args: str, n: int = 2, per: int = 1, **kw) -> nodes.JobResult:
+    return nodes.run_job([sys.executable, str(worker), *args], nodes=n, per_node=per, timeout=120,
+                         log_stem=tmp_path / "logs" / "job", **kw)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("code", [0, 1, 125])
+def test_the_verdict_is_rank_0s_with_the_workers_own_exit_code(worker, tmp_path, code):
+    r = job(worker, tmp_path, "verdict", str(code), n=2, per=2)
+    assert r.code == code  # torchrun itself exits 1 for any failure: 125 must not become "bad"
+    assert r.record and r.record["exit_code"] == code
+    assert len(r.nodes) == 2
+    if code:  # every rank of every node exited with the same code
+        assert r.ranks == {0: code, 1: code, 2: code, 3: code}
+    outputs = "".join(Path(n["stdout"]).read_text() for n in r.nodes)
+    assert sorted(line.split(" on ")[0] for line in outputs.splitlines() if line.startswith("rank ")) == \
+        [f"rank {i} of 4" for i in range(4)]
+
+
+@pytest.mark.timeout(300)
+def test_a_dead_node_never_leaves_the_others_blocked(worker, tmp_path):
+    started = time.monotonic()
+    r = job(worker, tmp_path, "one-dies", n=2, per=1, peer_grace=5)
+    took = time.monotonic() - started
+    assert took < 60  # the survivor (sleeping 600 s) was killed soon after the grace
+    assert r.code == contract.SKIP  # no verdict line, no signature: cannot test
+    assert r.ranks.get(1) == 3
+
+
+@pytest.mark.timeout(300)
+def test_a_signature_on_any_node_is_bad_without_a_verdict_line(worker, tmp_path):
+    r = job(worker, tmp_path, "signature", signature="'NoneType' object has no attribute 'reducer'")
+    assert r.code == contract.BAD
+    r = job(worker, tmp_path, "signature", signature="something else entirely")
+    assert r.code == contract.SKIP
+
+
+def test_failure_reports_are_read_per_rank():
+    text = ("Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : vm\n"
+            "  rank      : 3 (local_rank: 1)\n  exitcode  : 125 (pid: 7)\n"
+            "Failures:\n[1]:\n  rank      : 2 (local_rank: 0)\n  exitcode  : -9 (pid: 8)\n")
+    assert nodes.failed_ranks(text) == {3: 125, 2: -9}
+
+
+def test_bad_input_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "tools.nodes", "--nodes", "0", "--", sys.executable, "x.py"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 129 and len(done.stderr.strip().splitlines()) == 1
+    done = subprocess.run([sys.executable, "-m", "tools.nodes", "--nodes", "2"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 129 and "give the command" in done.stderr
+
+
+def test_the_command_line_prints_the_result_as_json(worker, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tools.nodes", "--nodes", "2", "--log",
+                           str(tmp_path / "l" / "run"), "--", sys.executable, str(worker), "verdict", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=200)
+    assert done.returncode == 1
+    assert json.loads(done.stdout.strip().splitlines()[-1])["verdict"] == "bad"

@@ -1,0 +1,304 @@
+"""SLURM as the engine: the matrix's cells as one job array, a bisect step as one job.
+
+Plain ``sbatch`` / ``squeue`` / ``sacct`` / ``scancel`` (see README: why not submitit): the jobs
+run the workspace's own code on the cluster's shared filesystem, so there is nothing to pickle
+or ship, and the command lines are the ones a cluster's users already know.
+
+- ``nox -s repro -- --executor slurm [--partition P] [--time T] [--gpus-per-node N] [--nodes M]``:
+  each cell's session builds the cell's environment as usual (on the submitting machine: the
+  environments live on the shared filesystem) and adds the cell to ``<run>/slurm/tasks.json``;
+  then ``nox -s repro_slurm`` (notified by the cell sessions: it runs once, after them) submits
+  one array task per cell, prints a line whenever a task changes state (queued, running, done),
+  and prints the one summary table. Each task runs the cell exactly as ``nox -s repro`` does on
+  a workstation (``python -m tools.slurm_jobs task``) and writes the cell's JSON into the run's
+  results folder; a task that failed, was cancelled or timed out without it becomes a failed
+  row saying so. Ctrl-C (or a killed nox) cancels the jobs it submitted.
+- ``nox -s bisect -- --executor slurm ...``: each step is one job (``sbatch --wait``), its output
+  judged as a local run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools import contract, harness, results
+from tools.contract import BadInput
+
+ROOT = Path(__file__).resolve().parent.parent
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+
+
+@dataclass
+class Options:
+    partition: str | None = None
+    time: str = "60"  # sbatch --time (minutes, or [D-]HH:MM:SS)
+    gpus_per_node: int = 0
+    nodes: int = 1
+    ranks_per_node: int = 2  # the repros' default: two ranks on one node
+    extra: list[str] = field(default_factory=list)  # more sbatch options, as given
+
+    def sbatch_args(self) -> list[str]:
+        args = [f"--nodes={self.nodes}", f"--ntasks-per-node={self.ranks_per_node}",
+                f"--time={self.time}"]
+        if self.partition:
+            args.append(f"--partition={self.partition}")
+        if self.gpus_per_node:
+            args.append(f"--gpus-per-node={self.gpus_per_node}")
+        return [*args, *self.extra]
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The executor's options, shared by ``nox -s repro`` and ``nox -s bisect``."""
+    p.add_argument("--executor", choices=("local", "slurm"), default="local",
+                   help="where runs happen: this machine, or SLURM jobs (sbatch)")
+    p.add_argument("--partition", help="--executor slurm: the partition")
+    p.add_argument("--time", default="60", help="--executor slurm: a job's time limit (sbatch --time)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="--executor slurm: GPUs per node")
+    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                   help="--executor slurm: one more sbatch option (repeatable), e.g. --sbatch=--account=A")
+
+
+def options(a: argparse.Namespace, nodes: int = 1, ranks_per_node: int | None = None) -> Options:
+    if a.executor == "slurm":
+        _check_clients()
+    if a.gpus_per_node < 0:
+        raise BadInput("--gpus-per-node must be >= 0")
+    return Options(a.partition, a.time, a.gpus_per_node, nodes,
+                   ranks_per_node or (2 if nodes == 1 else 1), list(a.sbatch))
+
+
+def _check_clients() -> None:
+    import shutil
+
+    missing = [c for c in ("sbatch", "squeue", "scancel") if not shutil.which(c)]
+    if missing:
+        raise BadInput(f"--executor slurm: {', '.join(missing)} not found (is this a SLURM login "
+                       "node? locally: nox -s slurm_up)")
+
+
+def slurm_env() -> dict[str, str]:
+    """The environment for SLURM's commands: this workspace's local cluster when it is up."""
+    from tools import slurm_cluster
+
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and slurm_cluster.is_up():
+        env.update(slurm_cluster.env())
+    return env
+
+
+def _slurm(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env())
+    if check and done.returncode:
+        raise BadInput(f"{cmd[0]}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return done
+
+
+# -- the matrix as a job array -------------------------------------------------------------
+
+def tasks_path(out: Path) -> Path:
+    return out / "slurm" / "tasks.json"
+
+
+def add_task(out: Path, task: dict) -> None:
+    """Add (or replace) a cell's task in ``<run>/slurm/tasks.json`` (written atomically)."""
+    path = tasks_path(out)
+    tasks = json.loads(path.read_text()) if path.exists() else []
+    tasks = [t for t in tasks if t["cell"]["id"] != task["cell"]["id"]] + [task]
+    results.write_json(path, tasks)
+
+
+def states(job: str) -> dict[int, str]:
+    """Array index -> state, from squeue (pending, running, recently ended) then sacct."""
+    found: dict[int, str] = {}
+    q = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%K %T"], check=False)
+    for line in q.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            found[int(parts[0])] = parts[1]
+    acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State"], check=False)
+    for line in acct.stdout.splitlines():
+        jid, _, state = line.partition("|")
+        index = jid.rpartition("_")[2]
+        if index.isdigit() and int(index) not in found:
+            found[int(index)] = state.split()[0] if state else "UNKNOWN"
+    return found
+
+
+def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
+    tasks = json.loads(tasks_path(out).read_text())
+    logs = out / "slurm"
+    script = logs / "task.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"cd {shlex.quote(str(ROOT))}\n"
+                      f"exec {shlex.quote(sys.executable)} -m tools.slurm_jobs task "
+                      f"{shlex.quote(str(tasks_path(out)))} \"$SLURM_ARRAY_TASK_ID\"\n")
+    cmd = ["sbatch", "--parsable", f"--array=0-{len(tasks) - 1}", "--job-name=repro-matrix",
+           f"--output={logs}/%A_%a.out", f"--error={logs}/%A_%a.err", *opts.sbatch_args(), str(script)]
+    job = _slurm(cmd).stdout.strip().split(";")[0]
+    results.write_json(logs / "job.json",
+                       {"job": job, "sbatch": cmd, "cells": [t["cell"]["id"] for t in tasks]})
+    log(f"[slurm] submitted job {job}: {len(tasks)} cell(s) as array tasks 0-{len(tasks) - 1}")
+    return job, tasks
+
+
+def wait(job: str, tasks: list[dict], log=print, poll: float = 2.0) -> dict[int, str]:
+    """Until every task has ended; a line whenever a task changes state. Ctrl-C: scancel."""
+    started, shown = time.monotonic(), {}
+    missing_since: dict[int, float] = {}
+    try:
+        while True:
+            now = states(job)
+            for i in range(len(tasks)):
+                if i not in now:  # not (or no longer) known to squeue or sacct
+                    if tasks[i].get("done_file") and Path(tasks[i]["done_file"]).exists():
+                        now[i] = "COMPLETED"
+                    elif time.monotonic() - missing_since.setdefault(i, time.monotonic()) > 60:
+                        now[i] = "UNKNOWN"
+            for i, state in sorted(now.items()):
+                if i < len(tasks) and shown.get(i) != state:
+                    shown[i] = state
+                    counts = {k: sum(1 for s in shown.values() if _phase(s) == k)
+                              for k in ("queued", "running", "done")}
+                    log(f"[slurm] {job}_{i} {tasks[i]['cell']['id']}: {state.lower()} | "
+                        f"{counts['queued']} queued, {counts['running']} running, {counts['done']} done, "
+                        f"{time.monotonic() - started:.0f} s")
+            if len(shown) == len(tasks) and all(_phase(s) == "done" for s in shown.values()):
+                return shown
+            time.sleep(poll)
+    except BaseException:
+        _slurm(["scancel", job], check=False)
+        log(f"[slurm] cancelled job {job}")
+        raise
+
+
+def _phase(state: str) -> str:
+    if state in ENDED or state == "UNKNOWN":
+        return "done"
+    return "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else "running"
+
+
+def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str]) -> None:
+    """A failed row for every cell whose task ended without writing its complete JSON."""
+    from tools import cells
+
+    for i, task in enumerate(tasks):
+        path = out / "cells" / f"{task['cell']['id']}.json"
+        data = json.loads(path.read_text()) if path.exists() else None
+        if data and not data.get("incomplete"):
+            continue
+        state = ended.get(i, "UNKNOWN")
+        err = out / "slurm" / f"{job}_{i}.err"
+        tail = err.read_text(errors="replace").strip().splitlines()[-1:] if err.exists() else []
+        reason = f"slurm job {job}_{i} {state}" + (f": {tail[0][:120]}" if tail else "")
+        cells.record_skip(_cell(task), reason, out)
+
+
+def _cell(task: dict):
+    from tools.matrix import Cell
+
+    c = task["cell"]
+    return Cell(c["package"], c["lightning"], c["torch"], c["declared"], c.get("included"), c["index"])
+
+
+def run_task(tasks_file: Path, index: int) -> int:
+    """One array task: the cell run as ``nox -s repro`` runs it on a workstation."""
+    from tools import cells, matrix
+
+    task = json.loads(tasks_file.read_text())[index]
+    # the batch step's SLURM_* variables describe the job, not a launcher of ranks: the cell's
+    # repros start their own ranks inside the allocation, as on a workstation (on one node), or
+    # through srun with them (on several)
+    job = os.environ.get("SLURM_JOB_ID")
+    allocation = {v: os.environ.pop(v) for v in list(os.environ) if v.startswith(("SLURM_", "SLURMD_"))}
+    print(f"[slurm task] job {job}: cell {task['cell']['id']}", flush=True)
+    out = Path(task["out"])
+    cells.run_cell(_cell(task), matrix.load(), task["python"], out, task["repro_args"], task["timeout"],
+                   script=task.get("script"), signature=task.get("signature"),
+                   fresh_process=task.get("fresh_process", False),
+                   verdict_line=task.get("verdict_line", False),
+                   nodes=task.get("nodes", 1), ranks_per_node=task.get("ranks_per_node", 1),
+                   allocation=allocation if task.get("nodes", 1) > 1 else None)
+    return 0
+
+
+def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
+    """Submit the prepared cells, wait, collect, and return the summary table."""
+    from tools import cells, matrix
+
+    if not tasks_path(out).exists():
+        raise BadInput(f"no cells prepared in {out} (run `nox -s repro -- --executor slurm`)")
+    job, tasks = submit_array(out, opts, log)
+    ended = wait(job, tasks, log)
+    collect(out, job, tasks, ended)
+    return cells.write_summary(out, matrix.load(), script)
+
+
+# -- a bisect step as one job --------------------------------------------------------------
+
+def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
+        env: dict | None, opts: Options, log=print) -> harness.RunResult:
+    """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it."""
+    stem = Path(log_stem) if log_stem else Path(results.run_dir("slurm")) / f"step-{time.time_ns()}"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = Path(f"{stem}.stdout"), Path(f"{stem}.stderr")
+    minutes = max(1, int(timeout // 60) + 1)
+    script = Path(f"{stem}.sh")
+    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
+                      if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith("REPRO_"))
+    scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
+    script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"
+                      f"exec {' '.join(shlex.quote(c) for c in cmd)}\n")
+    sbatch = ["sbatch", "--parsable", "--wait", "--job-name=bisect-step", f"--output={out_path}",
+              f"--error={err_path}", *opts.sbatch_args(), f"--time={minutes}", str(script)]
+    started = time.monotonic()
+    proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=slurm_env())
+    job = None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout + 120)
+        job = stdout.strip().split(";")[0] or None
+    except BaseException:
+        proc.kill()
+        _cancel_by_name(str(script))
+        raise
+    seconds = round(time.monotonic() - started, 2)
+    if not job:
+        return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
+                                 seconds, None)
+    rc = proc.returncode
+    text = out_path.read_text(errors="replace") if out_path.exists() else ""
+    err = err_path.read_text(errors="replace") if err_path.exists() else ""
+    j = contract.judge(rc, text, err, signature=signature, timeout=timeout)
+    log(f"[slurm] job {job}: exit {rc}, {contract.name(j.code)}")
+    result = harness.RunResult(j.code, contract.name(j.code), j.reason, seconds, rc, j.record, final=j.final)
+    result.stdout_path, result.stderr_path = str(out_path), str(err_path)
+    return result
+
+
+def _cancel_by_name(script: str) -> None:
+    q = _slurm(["squeue", "-h", "-o", "%i %o"], check=False)
+    for line in q.stdout.splitlines():
+        jid, _, command = line.partition(" ")
+        if command.strip() == script:
+            _slurm(["scancel", jid], check=False)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 3 and argv[0] == "task":
+        return run_task(Path(argv[1]), int(argv[2]))
+    raise BadInput("usage: python -m tools.slurm_jobs task TASKS_FILE INDEX")
+
+
+if __name__ == "__main__":
+    sys.exit(contract.run_main(main))
+
