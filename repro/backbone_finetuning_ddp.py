@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     launched = launch(args)
     fd, result_path = tempfile.mkstemp(prefix="repro-20340-", suffix=".json")
     os.close(fd)
-    rank, epochs, failure = None, [], None
+    rank, epochs, failure, where = None, [], None, {}
     try:
         pl.seed_everything(args.seed)
         gen = torch.Generator().manual_seed(args.seed)
@@ -243,6 +243,10 @@ def main(argv=None) -> None:
         )
         trainer.fit(BackboneModel(), torch.utils.data.DataLoader(data, batch_size=args.batch_size))
         rank = trainer.global_rank
+        # who started the ranks, as Lightning saw it (torchrun: TorchElasticEnvironment; srun:
+        # SLURMEnvironment), and how many there were
+        where = {"cluster_environment": type(trainer.strategy.cluster_environment).__name__,
+                 "world_size": trainer.world_size, "num_nodes": trainer.num_nodes}
         epochs = check.epochs
         if not epochs and os.path.getsize(result_path):  # ddp_spawn: results came from rank 0
             with open(result_path) as fh:
@@ -262,6 +266,7 @@ def main(argv=None) -> None:
         details["after_training"] = failure
     details["strategy"] = args.strategy + (" static_graph" if args.static_graph else "")
     details["launch"] = launched
+    details.update(where)
     finish(REPRO, code, signature, details, IMPORT_NAME, rank)
 
 

@@ -36,6 +36,7 @@ def parse_args(argv):
     p.add_argument("--more-epochs", type=int, default=2, metavar="N", help="epochs of fit 2")
     p.add_argument("--import-name", choices=IMPORT_NAMES, default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--accelerator", default="cpu", help="cpu, or gpu (one process: no collective)")
     args = p.parse_args(argv)
     if args.unfreeze_epoch < 0 or args.more_epochs < 1:
         p.error("--unfreeze-epoch must be >= 0 and --more-epochs >= 1")
@@ -86,7 +87,7 @@ def fit(pl, torch, args, epochs: int, ckpt_in: str | None, ckpt_out: str | None)
     data = torch.utils.data.TensorDataset(torch.randn(32, 32, generator=gen),
                                           torch.randn(32, 2, generator=gen))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+        accelerator=args.accelerator, devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[pl.callbacks.BackboneFinetuning(unfreeze_backbone_at_epoch=args.unfreeze_epoch), Watch()],
     )

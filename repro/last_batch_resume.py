@@ -50,6 +50,7 @@ def parse_args(argv):
     p.add_argument("--val", action="store_true", help="with a validation loader (checked every epoch)")
     p.add_argument("--import-name", choices=IMPORT_NAMES, default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--accelerator", default="cpu", help="cpu, or gpu (one process: no collective)")
     args = p.parse_args(argv)
     if args.ckpt_epoch < 0 or args.more_epochs < 1 or args.batches < 2:
         p.error("--ckpt-epoch must be >= 0, --more-epochs >= 1 and --batches >= 2")
@@ -109,7 +110,7 @@ def fit(pl, torch, args, epochs: int, ckpt_dir: str, ckpt_in: str | None) -> dic
     saver = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, filename="{epoch}-{step}", save_top_k=-1, **every)
     callbacks += [saver, Watch()]
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_progress_bar=False,
+        accelerator=args.accelerator, devices=1, max_epochs=epochs, logger=False, enable_progress_bar=False,
         enable_model_summary=False, callbacks=callbacks, limit_val_batches=1 if args.val else 0,
         num_sanity_val_steps=0,
     )

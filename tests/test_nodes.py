@@ -106,3 +106,43 @@ def test_the_command_line_prints_the_result_as_json(worker, tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=200)
     assert done.returncode == 1
     assert json.loads(done.stdout.strip().splitlines()[-1])["verdict"] == "bad"
+
+
+def test_a_matrix_says_how_each_repro_runs_on_several_nodes(tmp_path):
+    from tools import matrix
+
+    m = matrix.load()
+    assert {r.name: r.multinode for r in m.repros}["20340"] == "torchrun"
+    assert {r.name: r.multinode for r in m.repros}["20706-stress"] == "self"
+    bad = tmp_path / "m.toml"
+    bad.write_text('torch = ["2.13.0"]\n[[repro]]\nname = "x"\nscript = "x.py"\nmultinode = "mpi"\n')
+    with pytest.raises(ValueError, match="multinode is 'torchrun' or 'self'"):
+        matrix.load(bad)
+
+
+def test_a_one_node_repro_is_a_not_run_row_with_several_nodes(tmp_path, monkeypatch):
+    from tools import cells, matrix
+
+    path = tmp_path / "m.toml"
+    path.write_text('torch = ["2.13.0"]\n[lightning]\npytorch-lightning = ["2.6.6"]\n'
+                    '[[repro]]\nname = "resume"\nscript = "repro/last_batch_resume.py"\n')
+    monkeypatch.setenv("REPRO_MATRIX", str(path))
+    m = matrix.load()
+    outcome = cells.run_cell(m.cells[0], m, sys.executable, tmp_path / "out", [], 60, log=lambda _: None,
+                             nodes=2, ranks_per_node=1)
+    assert outcome["results"]["resume"]["verdict"] == "skip"
+    assert "one node only" in outcome["results"]["resume"]["reason"]
+    assert outcome["launch"].endswith("2 nodes x 1 ranks")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ranks-per-node", "2"], "goes with --nodes"),
+    (["--nodes", "0"], "must be >= 1"),
+    (["--executor", "pbs"], "invalid choice"),
+])
+def test_bad_node_options_are_refused(args, message, capsys):
+    from tools import cells
+
+    with pytest.raises(SystemExit) as exc:
+        cells.parse_posargs(args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err

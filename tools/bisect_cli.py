@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools import contract, envs, harness, index, matrix, results
+from tools import contract, envs, harness, index, matrix, results, slurm_jobs
 from tools.bisect import Bisector, Outcome, State
 from tools.preloaded import Runner
 
@@ -61,6 +61,7 @@ class Config:
     state: Path
     out: Path | None
     fresh_process: bool
+    slurm: object = None  # slurm_jobs.Options with --executor slurm: each run is one SLURM job
 
     @property
     def repro_text(self) -> str:
@@ -102,11 +103,13 @@ def parse_args(argv) -> Config:
                    help="a new interpreter for every run (default: the runs of one candidate, its "
                         "trials included, are forks of one process that imported torch and "
                         "Lightning once)")
+    slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     args = p.parse_args(argv)
+    slurm = slurm_jobs.options(args) if args.executor == "slurm" else None
     repro = Path(args.repro)
     if not repro.is_absolute():
         repro = (ROOT / repro) if (ROOT / repro).exists() else repro.resolve()
@@ -128,7 +131,7 @@ def parse_args(argv) -> Config:
     return Config(args.tier, args.axis, args.package, args.good, args.bad, args.oldest, args.torch,
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
-                  Path(args.out) if args.out else None, args.fresh_process)
+                  Path(args.out) if args.out else None, args.fresh_process, slurm)
 
 
 def how_to_run(repro: Path, given: str) -> str:
@@ -198,7 +201,10 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
     env = {**os.environ, **(extra_env or {})}
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # `python` is the candidate's
     options = {"timeout": cfg.timeout, "log_stem": log_stem, "signature": cfg.signature}
-    if cfg.preload and not cfg.fresh_process:
+    if cfg.slurm is not None:  # one SLURM job per run: a fresh process on a compute node
+        cmd = [str(python), *argv] if cfg.run_as == "python" else argv
+        r = slurm_jobs.run(cmd, env=env, opts=cfg.slurm, **options)
+    elif cfg.preload and not cfg.fresh_process:
         runner = RUNNERS.get(f"{python}|{candidate}|{json.dumps(extra_env)}", python, env,
                              out / "logs" / "preloaded.stderr")
         r = runner.run({"argv": argv, **options, "log_stem": log_stem and str(log_stem)})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,11 @@ class Matrix:
     repros: tuple[Repro, ...]
 
 
-def load(path: Path = DEFAULT) -> Matrix:
-    data = tomllib.loads(Path(path).read_text())
+def load(path: Path | None = None) -> Matrix:
+    """The matrix of ``path``, else of ``$REPRO_MATRIX`` (another matrix file, e.g. one cell and
+    one repro for a quick check), else ``repro/matrix.toml``."""
+    path = Path(path or os.environ.get("REPRO_MATRIX") or DEFAULT)
+    data = tomllib.loads(path.read_text())
     ranges = data.get("supported_torch", {})
     includes = {(i["package"], i["lightning"], i["torch"]): i.get("reason", "listed")
                 for i in data.get("include", [])}

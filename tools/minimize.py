@@ -737,8 +737,8 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
                 with warnings.catch_warnings():  # "'int' object is not callable" and the like
                     warnings.simplefilter("ignore", SyntaxWarning)
                     compile(source, name, "exec")
-            except (SyntaxError, ValueError, RecursionError):
-                return False
+            except (SyntaxError, ValueError, RecursionError, AttributeError, TypeError):
+                return False  # a tree the reducer made that is no program (a None where a node must be)
             return oracle({**files, name: source})
         return check
 

@@ -127,7 +127,7 @@ def orchestrate(args, script) -> None:
     try:
         jsonl = out / "runs.jsonl"
         jsonl.write_text("")
-        if not args.fresh_process:
+        if not args.fresh_process and getattr(args, "nodes", 1) == 1:  # several nodes: torchrun starts them
             why = script.preload(args.import_name)
             if why:
                 args.fresh_process = True

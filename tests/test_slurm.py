@@ -1,0 +1,143 @@
+"""SLURM as the engine, on the workspace's local one-node cluster (``nox -s slurm_up``; the
+README's test command starts it before the tests and stops it after). Without a running cluster
+these tests skip with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tools import cells, contract, harness, matrix, nodes, slurm_cluster, slurm_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+FINETUNE = str(ROOT / "repro" / "backbone_finetuning_ddp.py")
+pytestmark = [pytest.mark.slurm, pytest.mark.ddp, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(autouse=True)
+def cluster(monkeypatch):
+    if "SLURM_CONF" not in os.environ and not slurm_cluster.is_up():
+        pytest.skip("no SLURM cluster: start the local one with `nox -s slurm_up` (root and the "
+                    "distribution's slurm packages needed)")
+    if "SLURM_CONF" not in os.environ:
+        monkeypatch.setenv("SLURM_CONF", slurm_cluster.env()["SLURM_CONF"])
+
+
+def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int, str, str]:
+    out, err = tmp_path / "job.out", tmp_path / "job.err"
+    done = subprocess.run(["sbatch", "--wait", f"--output={out}", f"--error={err}", *options,
+                           "--wrap", command], capture_output=True, text=True, timeout=600)
+    return done.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["callback", "control"])
+def test_20340_under_srun_gives_the_torchrun_verdict(tmp_path, control):
+    extra = " --no-callback" if control else ""
+    rc, out, err = sbatch_wait(tmp_path, f"srun --kill-on-bad-exit=1 {sys.executable} {FINETUNE} "
+                               f"--epochs 4{extra}", "--nodes=1", "--ntasks-per-node=2")
+    j = contract.judge(rc, nodes.verdict_last(out), err)
+    assert j.record is not None, err[-2000:]
+    assert j.record["details"]["cluster_environment"] == "SLURMEnvironment"  # Lightning read srun's ranks
+    torchrun = nodes.run_job([sys.executable, FINETUNE, "--epochs", "4", *extra.split()], nodes=1,
+                             per_node=2, timeout=300, log_stem=tmp_path / "torchrun" / "run")
+    assert j.code == torchrun.code == (contract.GOOD if control else contract.BAD), \
+        (j.reason, torchrun.reason)
+    assert torchrun.record["details"]["cluster_environment"] == "TorchElasticEnvironment"
+    assert j.record["details"].get("first_diverging_epoch") == \
+        torchrun.record["details"].get("first_diverging_epoch")
+
+
+MINI = textwrap.dedent('''
+    torch = ["{torch}"]
+    [lightning]
+    pytorch-lightning = ["{pl}"]
+    [[repro]]
+    name = "20340"
+    script = "repro/backbone_finetuning_ddp.py"
+    args = ["--epochs", "4"]
+    expect = "bad"
+    [[repro]]
+    name = "20340-control"
+    script = "repro/backbone_finetuning_ddp.py"
+    args = ["--epochs", "4", "--no-callback"]
+    expect = "good"
+''')
+
+
+@pytest.fixture
+def mini(tmp_path, monkeypatch) -> matrix.Matrix:
+    import pytorch_lightning
+    import torch
+
+    path = tmp_path / "matrix.toml"
+    path.write_text(MINI.format(torch=torch.__version__.split("+")[0], pl=pytorch_lightning.__version__))
+    monkeypatch.setenv("REPRO_MATRIX", str(path))
+    return matrix.load()
+
+
+def prepare(m: matrix.Matrix, out: Path, python: str = sys.executable) -> None:
+    opts, rest = cells.parse_posargs(["--executor", "slurm", "--time", "20"])
+    for cell in m.cells:
+        cells.add_slurm_task(cell, python, out, opts, rest)
+
+
+def test_the_matrix_as_a_job_array_gives_the_local_table(tmp_path, mini):
+    local = tmp_path / "local"
+    for cell in mini.cells:
+        cells.run_cell(cell, mini, sys.executable, local, [], 300)
+    out = tmp_path / "slurm"
+    prepare(mini, out)
+    lines = []
+    table = slurm_jobs.run_matrix(out, slurm_jobs.Options(time="20"), None, log=lines.append)
+    job = json.loads((out / "slurm" / "job.json").read_text())["job"]
+    assert any("running" in line for line in lines) and any("completed" in line for line in lines)
+    # the same verdicts as the local run, row for row (times differ)
+    def verdicts(folder):
+        return {c["cell"]["id"]: {k: v["verdict"] for k, v in c["results"].items()}
+                for c in map(json.loads, (p.read_text() for p in (folder / "cells").glob("*.json")))}
+    assert verdicts(out) == verdicts(local) == {mini.cells[0].id: {"20340": "bad", "20340-control": "good"}}
+    assert "bad" in table and mini.cells[0].id in table
+    seen = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%i %T"], capture_output=True,
+                          text=True).stdout
+    assert f"{job}_0 COMPLETED" in seen
+
+
+def test_a_cancelled_job_is_a_failed_row_never_a_lost_one(tmp_path, mini):
+    out = tmp_path / "slurm"
+    prepare(mini, out)
+    job, tasks = slurm_jobs.submit_array(out, slurm_jobs.Options(time="20"), log=lambda m: None)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(8)  # Ctrl-C while the task runs
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            slurm_jobs.wait(job, tasks, log=lambda m: None)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    ended = slurm_jobs.wait(job, tasks, log=lambda m: None)  # scancel'ed: ends at once
+    assert ended[0] == "CANCELLED"
+    slurm_jobs.collect(out, job, tasks, ended)
+    row = json.loads((out / "cells" / f"{mini.cells[0].id}.json").read_text())
+    assert row.get("skipped", "").startswith(f"slurm job {job}_0 CANCELLED")
+    table = cells.write_summary(out, mini)
+    assert "not run: slurm job" in table
+
+
+def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(tmp_path):
+    opts = slurm_jobs.Options(time="20")
+    r = slurm_jobs.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "step",
+                       signature=None, env=dict(os.environ), opts=opts, log=lambda m: None)
+    local = harness.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "local")
+    assert r.code == local.code == contract.BAD
+    assert r.record["details"]["first_diverging_epoch"] == local.record["details"]["first_diverging_epoch"]
