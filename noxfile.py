@@ -58,6 +58,10 @@ def repro_slurm(session: nox.Session) -> None:
 @nox.session(python=False)
 def slurm_up(session: nox.Session) -> None:
     """Install (if missing) and start a one-node SLURM cluster on this machine (.cache/slurm)."""
+    try:
+        slurm_cluster.install(log=session.log)
+    except slurm_cluster.CannotStart as err:
+        session.skip(str(err))  # the SLURM tests then skip too, saying why
     sessions.run_main(session, slurm_cluster.up)
 
 

@@ -64,9 +64,8 @@ CLEAR_ERROR = re.compile(r"(no longer exists|another DistributedDataParallel|sta
 # collective timeout, a remote or system error, an aborted communicator)
 PEER_FAILURE = re.compile(r"(Connection closed by peer|Connection reset by peer|Broken pipe|"
                           r"Timed out waiting|timed out|Watchdog caught collective|"
-                          r"ProcessGroupGloo|gloo/transport|ProcessGroupNCCL|NCCL (error|communicator)|"
-                          r"ncclRemoteError|ncclSystemError|NCCL operations have failed|"
-                          r"DistBackendError)", re.I)
+                          r"ProcessGroupGloo|gloo/transport|NCCL (error|communicator)|"
+                          r"ncclRemoteError|ncclSystemError|NCCL operations have failed)", re.I)
 
 
 def classify(text: str) -> str:
@@ -644,6 +643,10 @@ def parse_args(argv):
         args.ranks_per_node = 2 if args.nodes == 1 else 1
     if args.nodes < 1 or args.ranks_per_node < 1 or args.nodes * args.ranks_per_node < 2:
         p.error("--nodes and --ranks-per-node must be >= 1, with at least 2 ranks in all")
+    if args.nodes > 1 and args.accelerator == "gpu" and not args.worker:
+        p.error("--nodes with --accelerator gpu starts every node on this machine, each numbering its "
+                "GPUs from 0: on a GPU cluster start one torchrun per node (see README), here use "
+                "--ranks-per-node")
     return args
 
 

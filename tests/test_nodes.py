@@ -91,7 +91,7 @@ def test_failure_reports_are_read_per_rank():
     assert nodes.failed_ranks(text) == {3: 125, 2: -9}
 
 
-def test_bad_input_is_one_line_and_exit_2():
+def test_bad_input_is_one_line_and_exit_129_as_tools_run():
     done = subprocess.run([sys.executable, "-m", "tools.nodes", "--nodes", "0", "--", sys.executable, "x.py"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 129 and len(done.stderr.strip().splitlines()) == 1
@@ -146,3 +146,35 @@ def test_bad_node_options_are_refused(args, message, capsys):
     with pytest.raises(SystemExit) as exc:
         cells.parse_posargs(args)
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_harness_failure_on_every_node_is_never_a_verdict(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a log folder that is a file: the harness cannot start a node
+    r = nodes.run_job([sys.executable, "-c", "pass"], nodes=2, per_node=1, timeout=30,
+                      log_stem=blocked / "sub" / "run")
+    assert r.code == contract.FAIL and "harness failure" in r.reason
+
+
+def test_rank_0_good_while_another_rank_fails_is_cannot_test():
+    out = '{"repro": "t", "verdict": "good", "exit_code": 0}\n'
+    err = "  rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 9)\n"
+    j = nodes.judge_merged(1, out, err, None)  # srun: the highest code of its tasks
+    assert j.code == contract.SKIP and "another rank exited 1" in j.reason
+    j = nodes.judge_merged(125, '{"repro": "t", "verdict": "bad", "exit_code": 1}\nrank 1 line\n', "", None)
+    assert j.code == contract.BAD  # rank 0's verdict line, with its own code, decides
+
+
+@pytest.mark.timeout(300)
+def test_rank_0_good_with_a_failed_peer_on_its_node_is_cannot_test(tmp_path):
+    worker = tmp_path / "w.py"
+    worker.write_text(textwrap.dedent('''
+        import json, os
+        rank = int(os.environ["RANK"])
+        if rank == 0:
+            print(json.dumps({"repro": "t", "verdict": "good", "exit_code": 0}), flush=True)
+        os._exit(0 if rank == 0 else 125)
+    '''))
+    r = nodes.run_job([sys.executable, str(worker)], nodes=1, per_node=2, timeout=120,
+                      log_stem=tmp_path / "l" / "job")
+    assert r.code == contract.SKIP and "rank 1 exited 125" in r.reason

@@ -137,8 +137,9 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
     repro runs as that many nodes (``tools/nodes.py``; a repro's ``multinode`` in the matrix says
     how: ``torchrun`` launches it on each node, ``self`` gives it ``--nodes``; without it the repro
     runs on one node only and is recorded as not run); inside a SLURM job of several nodes
-    (``allocation``: the job's ``SLURM_*`` variables) ``srun`` launches the ranks instead, and
-    Lightning takes them from its SLURM environment. Results are written after every repro.
+    (``allocation``: the job's ``SLURM_*`` variables) ``srun`` launches the ``torchrun`` ones
+    instead, and Lightning takes the ranks from its SLURM environment (``self`` ones still start
+    their nodes on the job's first node). Results are written after every repro.
     """
     started = time.monotonic()
     outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args,
@@ -196,6 +197,11 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
                     "--kill-on-bad-exit=1", python, *job["argv"]]
             res = harness.run(srun, timeout=job["timeout"], log_stem=job["log_stem"],
                               signature=job["signature"], env={**os.environ, **allocation})
+            if res.returncode is not None and res.returncode >= 0:  # srun merges its tasks
+                out, err = (Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
+                j = multinode.judge_merged(res.returncode, out, err, job["signature"])
+                res.code, res.verdict, res.reason, res.record = (j.code, contract.name(j.code), j.reason,
+                                                                 j.record)
         elif nodes > 1 and how == "torchrun":
             res = multinode.run_job([python, *job["argv"]], nodes=nodes, per_node=ranks_per_node,
                                     timeout=job["timeout"], log_stem=job["log_stem"],

@@ -296,7 +296,10 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
         stdout, stderr = out.read(), err.read()
     j = contract.judge(proc.returncode, stdout, stderr, signature=signature, stopped=why,
                        timeout=timeout)
-    result = RunResult(j.code, contract.name(j.code), j.reason, seconds, proc.returncode, j.record,
+    reason = j.reason
+    if why == "peer" and stop is not None and stop.is_set():
+        reason = "another node of the job ended and this one did not; its process group was killed"
+    result = RunResult(j.code, contract.name(j.code), reason, seconds, proc.returncode, j.record,
                        leftovers=leftovers, final=j.final)
     result.stdout_path = str(out_path) if out_path else None
     result.stderr_path = str(err_path) if err_path else None

@@ -57,7 +57,14 @@ from pathlib import Path
 from tools import contract, envs, harness, index, matrix, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
-from tools.minimize_passes import drop_unused, fold, instrument, read_records
+from tools.minimize_passes import (
+    drop_unused,
+    drop_unused_params,
+    fold,
+    functions_with_unused_params,
+    instrument,
+    read_records,
+)
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -544,8 +551,10 @@ class Oracle:
         for sink in sinks.values():
             sink.parent.mkdir(parents=True, exist_ok=True)
             sink.unlink(missing_ok=True)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent()
         instrumented = {n: instrument(s, sinks[n]) if s else None for n, s in files.items()}
-        r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=False)
+        r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=self.cfg.fresh_process)
         self.stats.tests += 1
         records = {n: read_records(sink) for n, sink in sinks.items()}
         for sink in sinks.values():
@@ -620,7 +629,7 @@ class Oracle:
                 self.improve(files)
             return interesting
         start = time.monotonic()
-        answers = self.run_trials(files, self.trials)
+        answers = self.run_trials(files, self.trials, fresh=self.cfg.fresh_process)
         interesting = any(ok for ok, *_ in answers)
         reason = next((why for ok, why, _ in answers if ok == interesting), "")
         if interesting or all(final for *_, final in answers):
@@ -773,7 +782,8 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
     """``files`` after the whole-program passes (``minimize_passes``), each proposed as one
     candidate and kept only when the harness finds it interesting: the config reads folded into
     their values (when all at once is not interesting, one module-level statement at a time),
-    then the definitions nothing reads dropped."""
+    the definitions nothing reads dropped, then the parameters nothing reads with their
+    arguments (all at once, else function by function)."""
     allowed = set().union(*(constants(s) for s in oracle.original.values()))
     coarse, oracle.coarse = oracle.coarse, False  # folding changes statements: judged as a whole
     try:
@@ -796,8 +806,21 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
                     if chosen:
                         files = {**files, name: fold(files[name], records[name], allowed, within=chosen)[0]}
         pruned = drop_unused(files, oracle.kept)
-        if pruned != files and oracle(pruned):
-            files = pruned
+        dead_go = pruned == files or oracle(pruned)
+        files = pruned if dead_go else files
+
+        def without_params(only=None):  # and what they alone carried, when dead definitions may go
+            candidate = drop_unused_params(files, only=only)
+            return drop_unused(candidate, oracle.kept) if dead_go else candidate
+
+        candidate = without_params()
+        if candidate != files and oracle(candidate):
+            files = candidate
+        elif candidate != files:
+            for name in functions_with_unused_params(files):
+                candidate = without_params(name)
+                if oracle(candidate):
+                    files = candidate
     finally:
         oracle.coarse = coarse
     return files

@@ -170,7 +170,10 @@ def _unused(node: ast.stmt, read: set[str]) -> ast.stmt | None:
         return ast.copy_location(type(node)(**{**dict(ast.iter_fields(node)), "names": names}), node)
     if isinstance(node, ast.Assign | ast.AnnAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        if all(isinstance(t, ast.Name) and t.id not in read for t in targets):
+        # a value computed by a call may matter for what the call does: left to the reducer
+        acts = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)
+        effects = node.value is not None and any(isinstance(n, acts) for n in ast.walk(node.value))
+        if not effects and all(isinstance(t, ast.Name) and t.id not in read for t in targets):
             return None
     return node
 
@@ -197,3 +200,79 @@ def drop_unused(files: dict[str, str | None], keep: dict[str, list[str]]) -> dic
                 files[name], changed = ast.unparse(tree), True
         if not changed:
             return files
+
+
+# -- unused parameters ---------------------------------------------------------------------
+
+def _reads(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def drop_unused_params(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
+    """The files without the parameters a module-level function (or a class's ``__init__``)
+    never reads, and without the arguments every call passes to them (all its uses must be
+    direct calls by name, none with ``*`` or ``**``). A deletion reducer cannot do this: dropping
+    the parameter alone, or one argument alone, makes a call that cannot bind. ``only``: that
+    function or class alone."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+    defs: dict[str, list] = {}
+    # names that are not only this module-level function: imported elsewhere, read as an
+    # attribute, or also bound as a variable or parameter somewhere
+    other = {a.asname or a.name for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ImportFrom)
+             for a in n.names} | \
+        {n.attr for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Attribute)} | \
+        {n.id for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name)
+         and not isinstance(n.ctx, ast.Load)} | \
+        {n.arg for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.arg)}
+    for tree in trees.values():
+        for node in tree.body:
+            if getattr(node, "decorator_list", None):
+                defs.setdefault(node.name, []).append(None)  # a decorator may call it in its own way
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                defs.setdefault(node.name, []).append((node, node.args, 0))
+            elif isinstance(node, ast.ClassDef):
+                init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+                defs.setdefault(node.name, []).append((init[0], init[0].args, 1) if init else None)
+    changed = False
+    for name, found in defs.items():
+        if len(found) != 1 or found[0] is None or (only and name != only) or name in other:
+            continue
+        func, args, skip = found[0]
+        if args.vararg or args.kwarg or args.posonlyargs:
+            continue
+        uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name
+                and not isinstance(n.ctx, ast.Store)]
+        calls = [parents.get(id(u)) for u in uses]
+        if not all(isinstance(c, ast.Call) and c.func is u for c, u in zip(calls, uses, strict=True)):
+            continue  # passed around or subclassed: its parameters are not ours to change
+        if any(isinstance(a, ast.Starred) for c in calls for a in c.args) or \
+                any(k.arg is None for c in calls for k in c.keywords):
+            continue
+        params = args.args[skip:]
+        used = _reads(ast.Module(body=func.body, type_ignores=[])) | \
+            {n for d in [*args.defaults, *args.kw_defaults] if d for n in _reads(d)}
+        for i in range(len(params) - 1, -1, -1):
+            param = params[i]
+            if param.arg in used:
+                continue
+            first_default = len(args.args) - len(args.defaults)
+            position = skip + i
+            if position >= first_default:
+                del args.defaults[position - first_default]
+            del args.args[position]
+            for call in calls:
+                if len(call.args) > i:
+                    del call.args[i]
+                call.keywords = [k for k in call.keywords if k.arg != param.arg]
+            changed = True
+    if not changed:
+        return files
+    return {n: ast.unparse(trees[n]) if n in trees else s for n, s in files.items()}
+
+
+def functions_with_unused_params(files: dict[str, str | None]) -> list[str]:
+    """The names ``drop_unused_params`` would change, one by one."""
+    names = {n.name for s in files.values() if s for n in ast.parse(s).body
+             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    return sorted(n for n in names if drop_unused_params(files, only=n) != files)

@@ -95,9 +95,14 @@ def run_job(cmd: list[str], *, nodes: int, per_node: int, timeout: float, log_st
     started = time.monotonic()
 
     def node(i: int) -> None:
-        found[i] = harness.run(torchrun(python, nodes, per_node, i, endpoint, run_id, argv),
-                               timeout=timeout, log_stem=f"{log_stem}.node{i}", env=env,
-                               peer_grace=peer_grace, stop=stop)
+        try:
+            found[i] = harness.run(torchrun(python, nodes, per_node, i, endpoint, run_id, argv),
+                                   timeout=timeout, log_stem=f"{log_stem}.node{i}", env=env,
+                                   peer_grace=peer_grace, stop=stop)
+        except Exception as err:  # the harness itself failed for this node: never a verdict
+            found[i] = harness.RunResult(contract.FAIL, "error", f"node {i}: harness failure: "
+                                         f"{type(err).__name__}: {err}", 0.0, None)
+            stop.set()
 
     threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(nodes)]
     for t in threads:
@@ -119,10 +124,33 @@ def run_job(cmd: list[str], *, nodes: int, per_node: int, timeout: float, log_st
         for t in threads:
             t.join()
         raise
-    return judge_job([r for r in found if r is not None], signature, time.monotonic() - started)
+    done = [r if r is not None else harness.RunResult(contract.FAIL, "error", f"node {i}: no result",
+                                                      0.0, None) for i, r in enumerate(found)]
+    return judge_job(done, signature, time.monotonic() - started)
+
+
+STOPPED = ("timed out after", "a rank died", "another node")  # the harness's own reasons (contract.judge)
+
+
+def judge_merged(rc: int, stdout: str, stderr: str, signature: str | None) -> contract.Judgement:
+    """The verdict of a launcher that merges its ranks' output and exit codes (``srun`` exits
+    with the highest code of its tasks): rank 0's verdict line, with rank 0's own code."""
+    stdout = verdict_last(stdout)
+    record = contract.parse_verdict_line(stdout)
+    if record is None or record.get("exit_code") == rc or not isinstance(record.get("exit_code"), int):
+        return contract.judge(rc, stdout, stderr, signature=signature)
+    said = record["exit_code"]
+    if said == contract.GOOD:
+        return contract.Judgement(contract.SKIP, f"rank 0 says good but another rank exited {rc}",
+                                  record, False)
+    return contract.judge(said, stdout, stderr, signature=signature)
 
 
 def judge_job(results: list[harness.RunResult], signature: str | None, seconds: float) -> JobResult:
+    failed = next((r for r in results if r.code >= contract.FAIL and r.returncode is None), None)
+    if failed is not None:  # the harness failed on a node: no verdict for the job
+        nodes = [{"node": i, "verdict": r.verdict, "reason": r.reason} for i, r in enumerate(results)]
+        return JobResult(contract.FAIL, "error", failed.reason, round(seconds, 2), nodes)
     outputs = [(verdict_last(_read(r.stdout_path)), _read(r.stderr_path)) for r in results]
     ranks: dict[int, int] = {}
     for _, err in outputs:
@@ -136,12 +164,16 @@ def judge_job(results: list[harness.RunResult], signature: str | None, seconds: 
 
     judged = []
     for (out, err), r in zip(outputs, results, strict=True):
-        if r.returncode is None or r.returncode < 0 or r.code == contract.SKIP and r.reason and \
-                ("timed out" in r.reason or "killed" in r.reason):
+        if r.returncode is None or r.returncode < 0 or (r.reason or "").startswith(STOPPED):
             judged.append(r)  # stopped by the harness: its judgement stands
             continue
-        codes = set(failed_ranks(err).values())
-        rc = 0 if r.returncode == 0 else codes.pop() if len(codes) == 1 else r.returncode
+        codes = failed_ranks(err)
+        if r.returncode == 0:
+            rc = 0
+        elif contract.parse_verdict_line(out) is not None:  # global rank 0 is on this node
+            rc = codes.get(0, contract.GOOD)  # its own code (torchrun reports failed workers only)
+        else:
+            rc = codes.popitem()[1] if len(set(codes.values())) == 1 else r.returncode
         j = contract.judge(rc, out, err, signature=signature)
         judged.append(harness.RunResult(j.code, contract.name(j.code), j.reason, r.seconds, rc, j.record))
     lead = next((i for i, j in enumerate(judged) if j.record is not None), None)
@@ -149,6 +181,7 @@ def judge_job(results: list[harness.RunResult], signature: str | None, seconds: 
         head = judged[lead]
         others = [f"node {i}: {j.verdict} ({j.reason})" for i, j in enumerate(judged)
                   if i != lead and j.code not in (contract.GOOD, head.code)]
+        others += [f"rank {k} exited {c}" for k, c in ranks.items() if k != 0 and c != head.code]
         if head.code == contract.GOOD and others:
             return result(contract.SKIP, f"rank 0 says good but {others[0]}", head.record)
         return result(head.code, head.reason, head.record)
@@ -182,6 +215,11 @@ def main(argv=None) -> int:
         raise contract.BadInput("give the command after --: PYTHON SCRIPT [ARGS]")
     if args.timeout <= 0 or args.peer_grace < 0:
         raise contract.BadInput("--timeout must be > 0 and --peer-grace >= 0")
+    try:
+        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{args.log}.node0.stdout").touch()
+    except OSError as err:
+        raise contract.BadInput(f"--log {args.log}: cannot write there ({err.strerror})") from None
     contract.check_signature(args.signature)
     result = run_job(cmd, nodes=args.nodes, per_node=args.ranks_per_node, timeout=args.timeout,
                      log_stem=args.log, signature=args.signature, peer_grace=args.peer_grace,

@@ -19,6 +19,7 @@ Exit codes: 0 done; 2 the cluster cannot start here (not root and the packages m
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -30,6 +31,10 @@ from pathlib import Path
 
 from tools import contract
 from tools.contract import BadInput
+
+
+class CannotStart(BadInput):
+    """SLURM cannot be installed here (not root, no apt-get): the session skips, saying why."""
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".cache" / "slurm"
@@ -46,16 +51,19 @@ def env() -> dict[str, str]:
 
 def is_up() -> bool:
     """Are the three daemons of this cluster running?"""
-    return all(_alive(HOME / f"{d}.pid") for d in DAEMONS)
+    return all(_alive(d) for d in DAEMONS)
 
 
-def _alive(pid_file: Path) -> int | None:
+def _alive(daemon: str) -> int | None:
+    """The pid of this cluster's ``daemon`` when it runs (its pid file names a live process
+    that is that daemon: a stale file's pid may belong to anything by now)."""
     try:
-        pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, 0)
-        return pid
+        pid = int((HOME / f"{daemon}.pid").read_text().split()[0])
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, ValueError, IndexError):
         return None
+    return pid if Path(command[0].decode(errors="replace")).name == daemon and state != "Z" else None
 
 
 def install(log=print) -> None:
@@ -63,7 +71,7 @@ def install(log=print) -> None:
     if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise BadInput(f"SLURM is not installed ({', '.join(missing)} missing) and cannot be installed "
+        raise CannotStart(f"SLURM is not installed ({', '.join(missing)} missing) and cannot be installed "
                        f"here ({'not root' if os.geteuid() else 'no apt-get'}): install the packages "
                        f"{' '.join(PACKAGES)}")
     log(f"[slurm] installing {' '.join(PACKAGES)} from the distribution's packages")
@@ -158,12 +166,13 @@ def up(log=print) -> int:
                    f"--seed-file={HOME / 'munged.seed'}"])
     if munged.returncode:
         raise BadInput(f"munged did not start: {munged.stderr.strip().splitlines()[-1:]}")
-    _wait_for(lambda: _alive(HOME / "munged.pid"), 10, "munged", HOME / "munged.log")
+    _wait_for(lambda: _alive("munged"), 10, "munged", HOME / "munged.log")
     for daemon in ("slurmctld", "slurmd"):
-        started = _run([daemon, "-f", str(HOME / "slurm.conf")])
+        # -c: a new cluster starts without the jobs of an earlier one (they would take the node)
+        started = _run([daemon, "-f", str(HOME / "slurm.conf"), *(["-c"] if daemon == "slurmctld" else [])])
         if started.returncode:
             raise BadInput(f"{daemon} did not start: {(started.stderr.strip().splitlines() or ['?'])[-1]}")
-        _wait_for(lambda d=daemon: _alive(HOME / f"{d}.pid"), 20, daemon, HOME / f"{daemon}.log")
+        _wait_for(lambda d=daemon: _alive(d), 20, daemon, HOME / f"{daemon}.log")
     _wait_for(lambda: "idle" in _run(["sinfo", "-h", "-o", "%t"]).stdout, 30, "the node (sinfo idle)",
               HOME / "slurmd.log")
     log(f"[slurm] up: {_run(['sinfo']).stdout.strip()}")
@@ -172,26 +181,29 @@ def up(log=print) -> int:
 
 
 def down(log=print) -> int:
+    """Cancel this cluster's jobs, stop its daemons; idempotent."""
+    if _alive("slurmctld"):
+        _run(["scancel", f"--user={getpass.getuser()}"])  # every job of this cluster (its user's)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _run(["squeue", "-h", "-t", "PD,R,CG,S"]).stdout.strip():
+            time.sleep(0.5)
     stopped = []
     for daemon in DAEMONS:
-        pid = _alive(HOME / f"{daemon}.pid")
+        pid = _alive(daemon)
         if not pid:
+            (HOME / f"{daemon}.pid").unlink(missing_ok=True)
             continue
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and _alive(HOME / f"{daemon}.pid"):
-            time.sleep(0.2)
-        if _alive(HOME / f"{daemon}.pid"):
-            os.kill(pid, signal.SIGKILL)
+        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _alive(daemon):
+                time.sleep(0.2)
+            if not _alive(daemon):
+                break
         stopped.append(daemon)
-    # a job step's processes belong to slurmstepd, which outlives slurmd: end those of this cluster
-    for line in subprocess.run(["pgrep", "-f", "slurmstepd"], capture_output=True, text=True).stdout.split():
-        try:
-            if str(HOME) in Path(f"/proc/{line}/environ").read_text(errors="replace") or \
-                    str(HOME) in Path(f"/proc/{line}/cmdline").read_text(errors="replace"):
-                os.kill(int(line), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
     log(f"[slurm] stopped {', '.join(stopped)}" if stopped else "[slurm] not running")
     return 0
 

@@ -20,6 +20,7 @@ or ship, and the command lines are the ones a cluster's users already know.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import shlex
@@ -29,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, harness, results
+from tools import contract, harness, nodes, results
 from tools.contract import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,10 +117,13 @@ def add_task(out: Path, task: dict) -> None:
     results.write_json(path, tasks)
 
 
-def states(job: str) -> dict[int, str]:
-    """Array index -> state, from squeue (pending, running, recently ended) then sacct."""
+def states(job: str) -> dict[int, str] | None:
+    """Array index -> state, from squeue (pending, running, recently ended) then sacct; None
+    when squeue itself could not answer (no information: not "gone")."""
     found: dict[int, str] = {}
     q = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%K %T"], check=False)
+    if q.returncode and "Invalid job id" not in q.stderr:
+        return None
     for line in q.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0].isdigit():
@@ -133,14 +137,26 @@ def states(job: str) -> dict[int, str]:
     return found
 
 
+def job_state(job: str) -> str | None:
+    """The state of a job that is not an array (squeue, then sacct), or None."""
+    q = _slurm(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
+    if q.stdout.strip():
+        return q.stdout.split()[0]
+    acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], check=False)
+    return acct.stdout.split()[0] if acct.stdout.split() else None
+
+
 def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
     tasks = json.loads(tasks_path(out).read_text())
     logs = out / "slurm"
     script = logs / "task.sh"
-    script.write_text("#!/bin/sh\n"
-                      f"cd {shlex.quote(str(ROOT))}\n"
-                      f"exec {shlex.quote(sys.executable)} -m tools.slurm_jobs task "
-                      f"{shlex.quote(str(tasks_path(out)))} \"$SLURM_ARRAY_TASK_ID\"\n")
+    # each task runs with its own cell's interpreter (on the shared filesystem, as its environment)
+    pythons, tasks_file = shlex.quote(str(logs / "pythons")), shlex.quote(str(tasks_path(out)))
+    results.write_atomic(script, "#!/bin/sh\n"
+                         f"cd {shlex.quote(str(ROOT))}\n"
+                         f'python=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {pythons})\n'
+                         f'exec "$python" -m tools.slurm_jobs task {tasks_file} "$SLURM_ARRAY_TASK_ID"\n')
+    results.write_atomic(logs / "pythons", "".join(f"{t['python']}\n" for t in tasks))
     cmd = ["sbatch", "--parsable", f"--array=0-{len(tasks) - 1}", "--job-name=repro-matrix",
            f"--output={logs}/%A_%a.out", f"--error={logs}/%A_%a.err", *opts.sbatch_args(), str(script)]
     job = _slurm(cmd).stdout.strip().split(";")[0]
@@ -150,19 +166,30 @@ def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
     return job, tasks
 
 
-def wait(job: str, tasks: list[dict], log=print, poll: float = 2.0) -> dict[int, str]:
-    """Until every task has ended; a line whenever a task changes state. Ctrl-C: scancel."""
+def _complete(out: Path, task: dict) -> bool:
+    path = out / "cells" / f"{task['cell']['id']}.json"
+    try:
+        return not json.loads(path.read_text()).get("incomplete")
+    except (OSError, ValueError):
+        return False
+
+
+def wait(job: str, tasks: list[dict], out: Path, log=print, poll: float = 2.0) -> dict[int, str]:
+    """Until every task has ended; a line whenever a task changes state. A task SLURM no longer
+    knows (its records expired) counts as ended once its cell's JSON is complete, or after a
+    minute without news."""
     started, shown = time.monotonic(), {}
     missing_since: dict[int, float] = {}
-    try:
-        while True:
-            now = states(job)
+    while True:
+        now = states(job)
+        if now is not None:
             for i in range(len(tasks)):
-                if i not in now:  # not (or no longer) known to squeue or sacct
-                    if tasks[i].get("done_file") and Path(tasks[i]["done_file"]).exists():
-                        now[i] = "COMPLETED"
-                    elif time.monotonic() - missing_since.setdefault(i, time.monotonic()) > 60:
-                        now[i] = "UNKNOWN"
+                if i in now:
+                    missing_since.pop(i, None)
+                elif _complete(out, tasks[i]):
+                    now[i] = "COMPLETED"
+                elif time.monotonic() - missing_since.setdefault(i, time.monotonic()) > 60:
+                    now[i] = "UNKNOWN"
             for i, state in sorted(now.items()):
                 if i < len(tasks) and shown.get(i) != state:
                     shown[i] = state
@@ -173,11 +200,7 @@ def wait(job: str, tasks: list[dict], log=print, poll: float = 2.0) -> dict[int,
                         f"{time.monotonic() - started:.0f} s")
             if len(shown) == len(tasks) and all(_phase(s) == "done" for s in shown.values()):
                 return shown
-            time.sleep(poll)
-    except BaseException:
-        _slurm(["scancel", job], check=False)
-        log(f"[slurm] cancelled job {job}")
-        raise
+        time.sleep(poll)
 
 
 def _phase(state: str) -> str:
@@ -187,7 +210,8 @@ def _phase(state: str) -> str:
 
 
 def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str]) -> None:
-    """A failed row for every cell whose task ended without writing its complete JSON."""
+    """A failed row for every cell whose task ended without writing its complete JSON; the
+    repros a cut-off task did finish stay in its row."""
     from tools import cells
 
     for i, task in enumerate(tasks):
@@ -199,7 +223,11 @@ def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str]) -> No
         err = out / "slurm" / f"{job}_{i}.err"
         tail = err.read_text(errors="replace").strip().splitlines()[-1:] if err.exists() else []
         reason = f"slurm job {job}_{i} {state}" + (f": {tail[0][:120]}" if tail else "")
-        cells.record_skip(_cell(task), reason, out)
+        if data and data.get("results"):  # cut off mid-cell: keep what finished, say why the rest did not
+            data["slurm"] = reason
+            results.write_json(path, data)
+        else:
+            cells.record_skip(_cell(task), reason, out)
 
 
 def _cell(task: dict):
@@ -231,13 +259,26 @@ def run_task(tasks_file: Path, index: int) -> int:
 
 
 def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
-    """Submit the prepared cells, wait, collect, and return the summary table."""
+    """Submit the prepared cells, wait, collect, and return the summary table. Interrupted
+    (Ctrl-C, a killed nox): the job is cancelled and every cell still gets its row."""
     from tools import cells, matrix
 
     if not tasks_path(out).exists():
         raise BadInput(f"no cells prepared in {out} (run `nox -s repro -- --executor slurm`)")
-    job, tasks = submit_array(out, opts, log)
-    ended = wait(job, tasks, log)
+    job, tasks, ended = None, [], {}
+    try:
+        job, tasks = submit_array(out, opts, log)
+        ended = wait(job, tasks, out, log)
+    except BaseException:
+        if job is None:  # interrupted while sbatch ran: cancel what it may have submitted
+            _slurm(["scancel", "--name=repro-matrix", f"--user={getpass.getuser()}"], check=False)
+            raise
+        _slurm(["scancel", job], check=False)
+        log(f"[slurm] cancelled job {job}")
+        ended = wait(job, tasks, out, lambda _m: None, poll=1.0)
+        collect(out, job, tasks, ended)
+        log(cells.write_summary(out, matrix.load(), script))
+        raise
     collect(out, job, tasks, ended)
     return cells.write_summary(out, matrix.load(), script)
 
@@ -246,50 +287,50 @@ def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
         env: dict | None, opts: Options, log=print) -> harness.RunResult:
-    """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it."""
-    stem = Path(log_stem) if log_stem else Path(results.run_dir("slurm")) / f"step-{time.time_ns()}"
+    """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it: the job's
+    ``--time`` bounds the run (time in the queue does not count); a job that timed out, was
+    cancelled or killed is "cannot test", not final (as a local timeout)."""
+    stem = Path(log_stem) if log_stem else results.run_dir("slurm") / f"step-{time.time_ns()}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     out_path, err_path = Path(f"{stem}.stdout"), Path(f"{stem}.stderr")
-    minutes = max(1, int(timeout // 60) + 1)
+    name = f"bisect-step-{os.getpid()}-{time.time_ns()}"
     script = Path(f"{stem}.sh")
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
                       if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith("REPRO_"))
     scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
-    script.write_text(f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"
-                      f"exec {' '.join(shlex.quote(c) for c in cmd)}\n")
-    sbatch = ["sbatch", "--parsable", "--wait", "--job-name=bisect-step", f"--output={out_path}",
-              f"--error={err_path}", *opts.sbatch_args(), f"--time={minutes}", str(script)]
+    results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"
+                         f"exec {' '.join(shlex.quote(c) for c in cmd)}\n")
+    sbatch = ["sbatch", "--parsable", "--wait", f"--job-name={name}", f"--output={out_path}",
+              f"--error={err_path}", *opts.sbatch_args(), f"--time={max(1, int(timeout // 60) + 1)}",
+              str(script)]
     started = time.monotonic()
     proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=slurm_env())
-    job = None
     try:
-        stdout, stderr = proc.communicate(timeout=timeout + 120)
-        job = stdout.strip().split(";")[0] or None
-    except BaseException:
+        stdout, stderr = proc.communicate()
+    except BaseException:  # Ctrl-C, SIGTERM: the job goes too
         proc.kill()
-        _cancel_by_name(str(script))
+        _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
         raise
     seconds = round(time.monotonic() - started, 2)
+    job = stdout.strip().split(";")[0]
     if not job:
         return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
                                  seconds, None)
-    rc = proc.returncode
+    state = job_state(job) or "UNKNOWN"
     text = out_path.read_text(errors="replace") if out_path.exists() else ""
     err = err_path.read_text(errors="replace") if err_path.exists() else ""
-    j = contract.judge(rc, text, err, signature=signature, timeout=timeout)
-    log(f"[slurm] job {job}: exit {rc}, {contract.name(j.code)}")
-    result = harness.RunResult(j.code, contract.name(j.code), j.reason, seconds, rc, j.record, final=j.final)
+    if state in ("TIMEOUT", "DEADLINE"):
+        j = contract.judge(proc.returncode, text, err, stopped="timeout", timeout=timeout)
+    elif state in ENDED - {"COMPLETED", "FAILED"}:  # cancelled, out of memory, node failure, ...
+        j = contract.Judgement(contract.SKIP, f"slurm job {job} {state}", None, False)
+    else:
+        j = nodes.judge_merged(proc.returncode, text, err, signature)
+    log(f"[slurm] job {job}: {state.lower()}, exit {proc.returncode}, {contract.name(j.code)}")
+    result = harness.RunResult(j.code, contract.name(j.code), j.reason, seconds, proc.returncode, j.record,
+                               final=j.final)
     result.stdout_path, result.stderr_path = str(out_path), str(err_path)
     return result
-
-
-def _cancel_by_name(script: str) -> None:
-    q = _slurm(["squeue", "-h", "-o", "%i %o"], check=False)
-    for line in q.stdout.splitlines():
-        jid, _, command = line.partition(" ")
-        if command.strip() == script:
-            _slurm(["scancel", jid], check=False)
 
 
 def main(argv=None) -> int:
