@@ -51,7 +51,7 @@ def repro_slurm(session: nox.Session) -> None:
     """Submit the cells `nox -s repro -- --executor slurm` prepared as one SLURM job array; wait;
     print the table (runs after those cells on its own)."""
     opts, _ = cells.parse_posargs(session.posargs)
-    sessions.run_main(session, lambda: print(slurm_jobs.run_matrix(results.run_dir("repro"), opts.slurm,
+    sessions.run_main(session, lambda: print(slurm_jobs.run_matrix(results.this_run_dir("repro"), opts.slurm,
                                                                    opts.script, log=session.log)))
 
 

@@ -109,7 +109,14 @@ def test_the_matrix_as_a_job_array_gives_the_local_table(tmp_path, mini):
     assert f"{job}_0 COMPLETED" in seen
 
 
-def test_ctrl_c_cancels_the_job_and_every_cell_still_gets_its_row(tmp_path, mini):
+def test_ctrl_c_cancels_the_job_and_every_cell_still_gets_its_row(tmp_path, mini, monkeypatch):
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(600)\n")
+    path = tmp_path / "slow.toml"
+    path.write_text(Path(os.environ["REPRO_MATRIX"]).read_text().split("[[repro]]")[0]
+                    + f'[[repro]]\nname = "slow"\nscript = "{sleeper}"\n')
+    monkeypatch.setenv("REPRO_MATRIX", str(path))
+    mini = matrix.load()
     out = tmp_path / "slurm"
     prepare(mini, out)
 

@@ -53,6 +53,11 @@ def run_dir(kind: str, base: Path | None = None) -> Path:
     return path
 
 
+def this_run_dir(kind: str, base: Path | None = None) -> Path:
+    """This process's ``results/<kind>/<timestamp>/`` (what ``run_dir`` makes), not made here."""
+    return Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind / _STAMP
+
+
 def latest_dir(kind: str, base: Path | None = None) -> Path:
     return Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind / "latest"
 
