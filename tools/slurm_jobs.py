@@ -99,7 +99,8 @@ def slurm_env() -> dict[str, str]:
 def _slurm(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env())
     if check and done.returncode:
-        raise BadInput(f"{cmd[0]}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        raise BadInput(f"{cmd[0]}: {last.removeprefix(f'{cmd[0]}: ').removeprefix('error: ')}")
     return done
 
 
