@@ -6,6 +6,7 @@ run the real repros as 2 nodes x 1 rank and compare with one node."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -178,3 +179,31 @@ def test_rank_0_good_with_a_failed_peer_on_its_node_is_cannot_test(tmp_path):
     r = nodes.run_job([sys.executable, str(worker)], nodes=1, per_node=2, timeout=120,
                       log_stem=tmp_path / "l" / "job")
     assert r.code == contract.SKIP and "rank 1 exited 125" in r.reason
+
+
+def test_inside_a_multi_node_allocation_srun_launches_the_torchrun_repros(tmp_path, monkeypatch):
+    """The branch of a SLURM job of several nodes, with a stand-in ``srun`` on PATH (the local
+    cluster has one node): srun's merged output and highest exit code are judged as rank 0's."""
+    from tools import cells, matrix
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\n'
+                                  'echo "srun task 1 says hello"\n"$@"\n'
+                                  'exit 125\n')  # another task exited 125: srun gives the highest
+    (bin_dir / "srun").chmod(0o755)
+    script = tmp_path / "repro.py"
+    script.write_text('import json, sys\nprint("nodes", sys.argv[1:])\n'
+                      'print(json.dumps({"repro": "t", "verdict": "bad", "exit_code": 1}))\nsys.exit(1)\n')
+    path = tmp_path / "m.toml"
+    path.write_text('torch = ["2.13.0"]\n[lightning]\npytorch-lightning = ["2.6.6"]\n'
+                    f'[[repro]]\nname = "t"\nscript = "{script}"\nmultinode = "torchrun"\n')
+    monkeypatch.setenv("REPRO_MATRIX", str(path))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    m = matrix.load()
+    outcome = cells.run_cell(m.cells[0], m, sys.executable, tmp_path / "out", [], 60, log=lambda _: None,
+                             nodes=2, ranks_per_node=1, allocation={"SLURM_JOB_ID": "7"})
+    result = outcome["results"]["t"]
+    assert result["verdict"] == "bad" and result["record"]["exit_code"] == 1
+    assert "--num-nodes', '2', '--devices', '1'" in Path(result["stdout_path"]).read_text()
+    assert (tmp_path / "out" / "cells" / f"{m.cells[0].id}.json").exists()

@@ -198,8 +198,8 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
             res = harness.run(srun, timeout=job["timeout"], log_stem=job["log_stem"],
                               signature=job["signature"], env={**os.environ, **allocation})
             if res.returncode is not None and res.returncode >= 0:  # srun merges its tasks
-                out, err = (Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
-                j = multinode.judge_merged(res.returncode, out, err, job["signature"])
+                text, err = (Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
+                j = multinode.judge_merged(res.returncode, text, err, job["signature"])
                 res.code, res.verdict, res.reason, res.record = (j.code, contract.name(j.code), j.reason,
                                                                  j.record)
         elif nodes > 1 and how == "torchrun":

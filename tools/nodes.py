@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import sys
@@ -30,9 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, harness
+from tools import contract, harness, results
 
-USAGE = 129
 # torchrun's failure report: "rank      : 3 (local_rank: 1)" then "exitcode  : 125 (pid: ...)"
 FAILED_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
@@ -98,7 +98,7 @@ def run_job(cmd: list[str], *, nodes: int, per_node: int, timeout: float, log_st
         try:
             found[i] = harness.run(torchrun(python, nodes, per_node, i, endpoint, run_id, argv),
                                    timeout=timeout, log_stem=f"{log_stem}.node{i}", env=env,
-                                   peer_grace=peer_grace, stop=stop)
+                                   peer_grace=peer_grace, stop=stop, signature=signature)
         except Exception as err:  # the harness itself failed for this node: never a verdict
             found[i] = harness.RunResult(contract.FAIL, "error", f"node {i}: harness failure: "
                                          f"{type(err).__name__}: {err}", 0.0, None)
@@ -146,24 +146,24 @@ def judge_merged(rc: int, stdout: str, stderr: str, signature: str | None) -> co
     return contract.judge(said, stdout, stderr, signature=signature)
 
 
-def judge_job(results: list[harness.RunResult], signature: str | None, seconds: float) -> JobResult:
-    failed = next((r for r in results if r.code >= contract.FAIL and r.returncode is None), None)
+def judge_job(found: list[harness.RunResult], signature: str | None, seconds: float) -> JobResult:
+    failed = next((r for r in found if r.code >= contract.FAIL and r.returncode is None), None)
     if failed is not None:  # the harness failed on a node: no verdict for the job
-        nodes = [{"node": i, "verdict": r.verdict, "reason": r.reason} for i, r in enumerate(results)]
+        nodes = [{"node": i, "verdict": r.verdict, "reason": r.reason} for i, r in enumerate(found)]
         return JobResult(contract.FAIL, "error", failed.reason, round(seconds, 2), nodes)
-    outputs = [(verdict_last(_read(r.stdout_path)), _read(r.stderr_path)) for r in results]
+    outputs = [(verdict_last(_read(r.stdout_path)), _read(r.stderr_path)) for r in found]
     ranks: dict[int, int] = {}
     for _, err in outputs:
         ranks.update(failed_ranks(err))
     summary = [{"node": i, "verdict": r.verdict, "reason": r.reason, "returncode": r.returncode,
                 "seconds": r.seconds, "stdout": r.stdout_path, "stderr": r.stderr_path}
-               for i, r in enumerate(results)]
+               for i, r in enumerate(found)]
 
     def result(code: int, reason: str | None, record=None) -> JobResult:
         return JobResult(code, contract.name(code), reason, round(seconds, 2), summary, ranks, record)
 
     judged = []
-    for (out, err), r in zip(outputs, results, strict=True):
+    for (out, err), r in zip(outputs, found, strict=True):
         if r.returncode is None or r.returncode < 0 or (r.reason or "").startswith(STOPPED):
             judged.append(r)  # stopped by the harness: its judgement stands
             continue
@@ -207,7 +207,8 @@ def main(argv=None) -> int:
     p.add_argument("--peer-grace", type=float, default=20.0,
                    help="seconds the other nodes get to end once one has ended")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
-    p.add_argument("--log", default="results/nodes/run", help="logs: LOG.nodeN.stdout/.stderr")
+    p.add_argument("--log", help="logs: LOG.nodeN.stdout/.stderr (default: a new folder under "
+                                 "results/nodes/, so two jobs at once never share one)")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -215,6 +216,7 @@ def main(argv=None) -> int:
         raise contract.BadInput("give the command after --: PYTHON SCRIPT [ARGS]")
     if args.timeout <= 0 or args.peer_grace < 0:
         raise contract.BadInput("--timeout must be > 0 and --peer-grace >= 0")
+    args.log = args.log or str(results.run_dir("nodes") / f"job-{os.getpid()}")
     try:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         Path(f"{args.log}.node0.stdout").touch()
@@ -228,15 +230,7 @@ def main(argv=None) -> int:
     return result.code
 
 
-def entry(argv=None) -> int:
-    """``main`` with every non-verdict outcome mapped to >= 128, as ``tools.run``."""
-    try:
-        code = contract.run_main(main, argv)
-    except Exception as err:  # noqa: BLE001  (a crash of the harness: never exit 1)
-        print(f"error: harness failure: {type(err).__name__}: {err}", file=sys.stderr)
-        return contract.FAIL
-    return USAGE if code == contract.USAGE else code
-
-
 if __name__ == "__main__":
-    sys.exit(entry())
+    from tools.run import entry
+
+    sys.exit(entry(program=main))

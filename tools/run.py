@@ -50,10 +50,11 @@ def main(argv=None) -> int:
     return result.code
 
 
-def entry(argv=None) -> int:
-    """``main`` with every non-verdict outcome mapped to >= 128 (see the module docstring)."""
+def entry(argv=None, program=None) -> int:
+    """``program`` (default ``main``) with every non-verdict outcome mapped to >= 128 (see the
+    module docstring): shared by the command lines a ``git bisect run`` may call."""
     try:
-        code = contract.run_main(main, argv)
+        code = contract.run_main(program or main, argv)
     except Exception as err:  # noqa: BLE001  (a crash of the harness: never exit 1)
         print(f"error: harness failure: {type(err).__name__}: {err}", file=sys.stderr)
         return contract.FAIL
