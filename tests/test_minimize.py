@@ -258,6 +258,25 @@ def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
     assert known[0] < known[1] < known[2]  # each run judged candidates the earlier ones had not
 
 
+def test_the_whole_program_passes_run_again_after_the_reducer_improved(tmp_path, monkeypatch, capsys):
+    """Restarts after every 3 improvements: the simplifying passes run again from the best so far
+    (a function inlined once the reducer has removed its other caller), and the result still
+    shows the bug."""
+    script = project(tmp_path, train=TRAIN.replace(
+        "def main():", "def report(metrics):\n    print(json.dumps(metrics.summary()))\n\n\ndef main():\n"
+        "    report(Metrics())").replace("print(json.dumps({\"stage\": name, **metrics.summary()}))",
+                                       "report(metrics)"))
+    monkeypatch.setattr(m, "RESTART_AFTER", 3)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out"
+    assert m.main(quick(script, out)) == 0
+    log = capsys.readouterr().out
+    assert log.count("[minimize] whole-program passes") >= 4  # coarse, fine, and restarts
+    result = (out / "minimized" / "train.py").read_text()
+    assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
+    assert "def report" not in result and "def main" not in result  # inlined, or gone
+
+
 def test_the_remedy_is_refused_at_the_start(tmp_path):
     script = project(tmp_path, train=TRAIN.replace("kept.backward()  #", "pass  #"))
     proc = run(quick(script, tmp_path / "out"))

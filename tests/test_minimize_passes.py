@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tools import minimize as m
 from tools.minimize_passes import drop_unused, fold, instrument, read_records
 
@@ -185,3 +187,238 @@ def test_an_assignment_whose_value_calls_something_is_left_to_the_reducer():
     files = {"a.py": "import random\nseed = random.seed(0)\nX = [1, 2]\nprint(random.random())\n"}
     out = drop_unused(files, {})["a.py"]
     assert "seed = random.seed(0)" in out and "X = " not in out
+
+
+# -- no-ops, inlining, variables -----------------------------------------------------------
+
+def runs_the_same(before: str, after: str) -> None:
+    """Both programs print the same (the passes keep what a program does)."""
+    outs = [subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60)
+            for src in (before, after)]
+    assert outs[1].returncode == 0, outs[1].stderr
+    assert outs[0].stdout == outs[1].stdout and outs[0].stdout
+
+
+INLINE = textwrap.dedent('''
+    import json
+
+    CONFIG = {"size": 3, "name": "run"}
+
+    def build_callbacks(x):
+        """Docstring."""
+        callbacks = [x, "timer"]
+        return callbacks
+
+    def build_trainer(n):
+        return dict(callbacks=build_callbacks(n), n=n)
+
+    class Model:
+        def __init__(self):
+            self.values = self._make(3)
+
+        def _make(self, k):
+            return [k] * 2
+
+        def run(self):
+            out = []
+            self.collect(out)
+            return out
+
+        def collect(self, out):
+            out.append(sum(self.values))
+
+        def set_stage(self, stage):
+            self.stage = stage
+
+    def main():
+        config = CONFIG
+        model = Model()
+        model.set_stage(config["name"])
+        print(json.dumps([build_trainer(config["size"]), model.run(), model.stage]))
+
+    if __name__ == "__main__":
+        main()
+''')
+
+
+def test_functions_and_methods_with_one_caller_are_inlined_and_the_program_does_the_same():
+    from tools.minimize_passes import inlinable, inline_all
+
+    files = {"a.py": INLINE}
+    assert inlinable(files) == ["Model._make", "Model.collect", "Model.set_stage", "build_callbacks",
+                               "build_trainer", "main"]
+    out = inline_all(files)["a.py"]
+    for name in ("def main", "def build_trainer", "def build_callbacks", "def _make", "def collect",
+                 "def set_stage"):
+        assert name not in out
+    assert "self.values = [3] * 2" in out  # a one-return function became its expression
+    assert "stage = config['name']\n    model.stage = stage" in out  # a method on another name
+    assert "out.append(sum(self.values))" in out
+    runs_the_same(INLINE, out)
+
+
+@pytest.mark.parametrize("source", [
+    # the caller already has a name the function binds
+    "def f(a):\n    b = a + 1\n    return b\ndef g():\n    b = 5\n    print(f(1), b)\ng()\n",
+    # the caller binds a name the function reads from the module
+    "x = 1\ndef f():\n    y = x\n    return y\ndef g():\n    x = 2\n    print(f(), x)\ng()\n",
+    # recursive, decorated, a generator, called in a loop's comprehension or under a condition
+    "def f(n):\n    k = n\n    return f(n - 1) if k else 0\nprint(f(2))\n",
+    "import functools\n@functools.lru_cache\ndef f(n):\n    k = n\n    return k\nprint(f(2))\n",
+    "def f(n):\n    yield n\nprint(list(f(2)))\n",
+    "def f(n):\n    k = n * 2\n    return k\nprint([f(i) for i in range(3)])\n",
+    "import sys\ndef f(n):\n    k = n * 2\n    return k\nprint(len(sys.argv) > 5 and f(2))\n",
+    # a method that needs its class cell, called from outside its class
+    "class A:\n    def m(self):\n        return super().__repr__()\nprint(A().m()[:3])\n",
+    # several calls, or passed as a value
+    "def f(n):\n    return n\nprint(f(1), f(2))\n",
+    "def f(n):\n    return n\nprint(list(map(f, [1])))\n",
+])
+def test_inlining_is_refused_where_a_name_would_change_meaning_or_the_call_count(source):
+    from tools.minimize_passes import inline
+
+    compile(source, "a.py", "exec")
+    assert inline({"a.py": source}, "A.m" if "class A" in source else "f") is None
+
+
+def test_variables_read_once_move_into_their_read_and_dead_ones_go():
+    from tools.minimize_passes import inline_variables, single_use_variables
+
+    source = textwrap.dedent('''
+        import json
+        CONFIG = {"stages": [1, 2], "unused": 3}
+
+        def run(data):
+            blocks, width = 0, len(data)
+            total = sum(data)
+            scale = 2
+            labels = [x * 2 for x in data]
+            out = []
+            for item in data:
+                out.append(item * total + scale)
+            print(json.dumps([width, out, labels]))
+            data = data + [9]
+            later = len(data)
+            print(later)
+
+        for stage in CONFIG["stages"]:
+            run([stage, 3])
+        ''')
+    files = {"a.py": source}
+    assert ("a.py", "labels") in single_use_variables(files)
+    out = inline_variables(files)["a.py"]
+    assert "blocks" not in out and "width" not in out and "labels" not in out  # dead, split, moved
+    assert "total = sum(data)" in out  # read in a loop: computed once as written
+    assert "item * total + 2" in out  # a constant may go into a loop
+    assert "print(len(data))" in out
+    assert "for stage in [1, 2]:" in out  # a dict literal read once by a constant key
+    runs_the_same(source, out)
+    merged = "class C:\n    def m(self, trainer):\n        return trainer\nout = [1]\nout.append(2)\n" \
+        "trainer = dict(cbs=out)\nprint(C().m(3), trainer)\n"
+    after = inline_variables({"a.py": merged})["a.py"]  # the appends merged, then moved; a
+    assert "print(C().m(3), dict(cbs=[1, 2]))" in after  # parameter of the same name is another
+    runs_the_same(merged, after)
+    closure = "import os\nx = os.getpid()\ndef f():\n    return x\nprint(x == f())\n"
+    assert inline_variables({"a.py": closure})["a.py"] == closure  # a function reads it too
+    rebound = "def f(a):\n    x = a\n    a = 5\n    print(x, a)\nf(1)\n"
+    assert "x = a" in inline_variables({"a.py": rebound})["a.py"]  # its value's name is bound again
+
+
+def test_no_op_statements_and_constant_conditions_go_but_kept_statements_stay():
+    from tools.minimize import kept_statements
+    from tools.minimize_passes import drop_noops
+
+    source = textwrap.dedent('''
+        """Module docstring."""
+        import os
+
+        class Kept:  # minimize: keep
+            """Stays: inside a kept statement."""
+            pass
+
+        def f(x):
+            """Goes."""
+            0
+            pass
+            if True:
+                y = x if False else x + 1
+            else:
+                y = 0
+            return y
+
+        print(f(1), Kept.__doc__)
+        ''')
+    out = drop_noops({"a.py": source}, {"a.py": kept_statements(source)})["a.py"]
+    assert "Module docstring" not in out and "Goes." not in out and "\n    0\n" not in out
+    assert "Stays: inside a kept statement." in out and "if True" not in out
+    assert "y = x + 1" in out and "y = 0" not in out
+    runs_the_same(source, out)
+
+
+def test_a_function_another_module_reads_as_an_attribute_is_not_inlined():
+    from tools.minimize_passes import inline
+
+    files = {"train.py": "def f(n):\n    k = n\n    return k\nprint(f(1))\n",
+             "other.py": "import train as t\nprint(t.f(2))\n"}
+    assert inline(files, "f") is None
+    files["other.py"] = "class P:\n    def f(self):\n        return 3\nprint(P().f())\n"  # another .f
+    assert "def f" not in inline(files, "f")["train.py"]
+
+
+SUBMODULE = textwrap.dedent('''
+    class Module:
+        def __init__(self):
+            self.hooks = 0
+
+        def __call__(self, *a):
+            return self.forward(*a)
+
+    class Head(Module):
+        """A head."""
+        def __init__(self, width, hidden, classes=3):
+            super().__init__()
+            scale = 2
+            self.fc1 = width * scale
+            self.fc2 = hidden + classes
+
+        def forward(self, z):
+            return self.fc2 * (self.fc1 + z)
+
+    class Owner(Module):
+        def __init__(self):
+            super().__init__()
+            self.out_features = 4
+            self.head = Head(self.out_features, 16)
+
+        def forward(self, x):
+            return self.head(x) + 1
+
+    print(Owner()(5))
+''')
+
+
+def test_a_sub_module_class_built_once_is_flattened_into_its_owner():
+    from tools.minimize_passes import flatten_submodule, flattenable, inline_all
+
+    files = {"a.py": SUBMODULE}
+    assert flattenable(files) == ["Head"]
+    out = flatten_submodule(files, "Head")["a.py"]
+    assert "class Head" not in out and "self.head_fc1 = width * scale" in out
+    assert "return self.head_forward(x) + 1" in out
+    runs_the_same(SUBMODULE, out)
+    runs_the_same(SUBMODULE, inline_all({"a.py": out})["a.py"])  # then its forward goes inline
+
+
+@pytest.mark.parametrize("change", [
+    ("    def forward(self, z):", "    def extra(self):\n        return 1\n\n    def forward(self, z):"),
+    ("return self.head(x) + 1", "return self.head(x) + self.head.fc1"),  # read other than as a call
+    ("        scale = 2\n", "        scale = 2\n        print(self)\n"),  # self passed on
+    ("        scale = 2\n", "        scale = 2\n        self.register()\n"),  # a base's method
+    ("        self.out_features = 4\n", "        self.out_features = 4\n        scale = 1\n"),  # a clash
+])
+def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(change):
+    from tools.minimize_passes import flatten_submodule
+
+    source = SUBMODULE.replace(*change)
+    assert source != SUBMODULE
+    assert flatten_submodule({"a.py": source}, "Head") is None

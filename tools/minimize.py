@@ -58,12 +58,20 @@ from tools import contract, envs, harness, index, matrix, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
 from tools.minimize_passes import (
+    drop_noops,
     drop_unused,
     drop_unused_params,
+    flatten_submodule,
+    flattenable,
     fold,
     functions_with_unused_params,
+    inlinable,
+    inline,
+    inline_all,
+    inline_variables,
     instrument,
     read_records,
+    single_use_variables,
 )
 from tools.preloaded import Runner
 
@@ -71,7 +79,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CELL = "pl2_6_6_torch2_13_0"
 MARK = re.compile(r"#\s*minimize:\s*keep\b")
 AUTO_RUNS = 5  # runs of the original that measure the bug's rate with --trials auto
+MAX_PASS_ROUNDS = 4  # rounds of the simplifying passes in a row
+RESTART_AFTER = 25  # improvements of the reducer between two runs of the whole-program passes
 CANDIDATE_TIMEOUT = (3, 30.0)  # a candidate's limit: this many times the original's slowest run, at least
+
+
+class Restart(Exception):
+    """Enough improvements since the whole-program passes last ran: they run again (an
+    inlined function or a dead parameter may only now be possible) before the reducer goes on."""
 
 
 class BudgetSpent(Exception):
@@ -457,6 +472,8 @@ class Oracle:
         self.started = time.monotonic()
         self.deadline: float | None = None
         self.coarse = False  # the coarse pass: whole statements only
+        self.shrinks = 0  # improvements that made the best smaller
+        self.round_start = 0  # shrinks when the reducer's current round began
         self.timeout = cfg.timeout  # for the original; then from its duration (check_original)
         self.runner: Runner | None = None
         self.env = {**os.environ, "PATH": f"{cfg.python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -664,6 +681,8 @@ class Oracle:
 
     def improve(self, files: dict[str, str | None]) -> None:
         """The reducer goes on from each interesting candidate: that is the best so far."""
+        if size(files)[1] < self.best_size[1]:
+            self.shrinks += 1  # not a known candidate accepted again
         self.best, self.best_size = dict(files), size(files)
         self.stats.improvements += 1
         save_best(self.cfg.out, files)
@@ -741,6 +760,8 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
 
     def check_file(name: str):
         def check(tree) -> bool:
+            if oracle.shrinks - oracle.round_start >= RESTART_AFTER:
+                raise Restart()  # the tree under test is unjudged; the best so far is the last accepted
             try:
                 source = ast.unparse(tree)
                 with warnings.catch_warnings():  # "'int' object is not callable" and the like
@@ -764,14 +785,20 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
                         files[name], changed = None, True  # the module is not needed at all
                         continue
                     tree = ast.parse(files[name])
+                    oracle.round_start = oracle.shrinks
                     if not (check_file(name)(tree) or oracle.recheck({**files, name: ast.unparse(tree)})):
                         raise BadInput(f"{name} is not bad once its comments and formatting are dropped "
                                        "(the reducer's first step): it depends on them, or the bug "
                                        "is rarer than measured (try --trials auto)")
                     before = ast.unparse(tree)
-                    files[name] = ast.unparse(MinimizeStructure(tree, check_file(name),
-                                                                lambda current, total: None)
-                                              .get_current_tree({}))
+                    try:
+                        files[name] = ast.unparse(MinimizeStructure(tree, check_file(name),
+                                                                    lambda current, total: None)
+                                                  .get_current_tree({}))
+                    except Restart:  # the whole-program passes again, from the best so far
+                        files = {n: oracle.best.get(n) for n in oracle.original}
+                        changed = True
+                        break
                     changed = changed or files[name] != before
     except BudgetSpent:
         return "the budget was spent"
@@ -782,8 +809,8 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
     """``files`` after the whole-program passes (``minimize_passes``), each proposed as one
     candidate and kept only when the harness finds it interesting: the config reads folded into
     their values (when all at once is not interesting, one module-level statement at a time),
-    the definitions nothing reads dropped, then the parameters nothing reads with their
-    arguments (all at once, else function by function)."""
+    then rounds of the simplifying passes (``_simplify``) until one changes nothing."""
+    oracle.log(f"[minimize] whole-program passes from {size(files)[0]} lines")
     allowed = set().union(*(constants(s) for s in oracle.original.values()))
     coarse, oracle.coarse = oracle.coarse, False  # folding changes statements: judged as a whole
     try:
@@ -805,24 +832,59 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
                             chosen.add(i)
                     if chosen:
                         files = {**files, name: fold(files[name], records[name], allowed, within=chosen)[0]}
-        pruned = drop_unused(files, oracle.kept)
-        dead_go = pruned == files or oracle(pruned)
-        files = pruned if dead_go else files
-
-        def without_params(only=None):  # and what they alone carried, when dead definitions may go
-            candidate = drop_unused_params(files, only=only)
-            return drop_unused(candidate, oracle.kept) if dead_go else candidate
-
-        candidate = without_params()
-        if candidate != files and oracle(candidate):
-            files = candidate
-        elif candidate != files:
-            for name in functions_with_unused_params(files):
-                candidate = without_params(name)
-                if oracle(candidate):
-                    files = candidate
+        for _ in range(MAX_PASS_ROUNDS):  # until a round changes nothing: each step may enable another
+            before = files
+            files = _simplify(oracle, files)
+            if files == before:
+                break
     finally:
         oracle.coarse = coarse
+    return files
+
+
+def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | None]:
+    """One round of the simplifying passes, each one candidate (all its changes at once), and
+    when that is not interesting, its changes one by one: no-op statements, dead definitions,
+    unused parameters, sub-module classes flattened into their owner, inlined functions and
+    methods, inlined variables."""
+    def allowed(candidate):
+        return missing_kept(candidate, oracle.kept) is None
+
+    def step(label, candidate, singles=()):
+        nonlocal files
+        if candidate == files:
+            return
+        before = size(files)[0]
+        if allowed(candidate) and oracle(candidate):
+            files = candidate
+            oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines, all at once")
+            return
+        taken = 0
+        for make in singles:
+            one = make(files)
+            if one is not None and one != files and allowed(one) and oracle(one):
+                files, taken = one, taken + 1
+        oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines"
+                   + (f", {taken} of {len(singles)} one by one" if singles else ", not interesting"))
+
+    step("no-op statements", drop_noops(files, oracle.kept),
+         [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__
+    step("dead definitions", drop_unused(files, oracle.kept))
+    params = files
+    while (fewer := drop_unused(drop_unused_params(params), oracle.kept)) != params:
+        params = fewer  # a parameter passed on to another function's unused one goes with it
+    step("unused parameters", params,
+         [lambda f, q=q: drop_unused(drop_unused_params(f, only=q), oracle.kept)
+          for q in functions_with_unused_params(files)])
+    flat = files
+    for name in flattenable(files):
+        flat = flatten_submodule(flat, name) or flat
+    step("flattened sub-modules", flat,
+         [lambda f, n=n: flatten_submodule(f, n) for n in flattenable(files)])
+    step("inlined functions", drop_unused(inline_all(files, allowed), oracle.kept),
+         [lambda f, q=q: drop_unused(inline(f, q) or f, oracle.kept) for q in inlinable(files)])
+    step("inlined variables", inline_variables(files),
+         [lambda f, v=v: inline_variables(f, only=v) for v in single_use_variables(files)])
     return files
 
 

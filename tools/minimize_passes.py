@@ -12,11 +12,18 @@ candidate each (the harness still judges each candidate: nothing is accepted uns
   go with the next pass.
 - **dead definitions**: module-level functions, classes, imports and assignments whose names
   nothing reads (``drop_unused``), repeated until none is left.
+- **unused parameters** with the arguments of every call (``drop_unused_params``).
+- **no-op statements**: docstrings, bare constants, ``pass``, conditions on a constant
+  (``drop_noops``).
+- **inlining**: a function or method with one caller pasted there (``inline``), and a variable
+  read once moved into its read (``inline_variables``). Both refuse whenever a name could
+  change meaning; what they cannot see (an evaluation order that matters) the harness judges.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import json
 from pathlib import Path
 
@@ -276,3 +283,740 @@ def functions_with_unused_params(files: dict[str, str | None]) -> list[str]:
     names = {n.name for s in files.values() if s for n in ast.parse(s).body
              if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     return sorted(n for n in names if drop_unused_params(files, only=n) != files)
+
+
+# -- no-op statements ----------------------------------------------------------------------
+
+def drop_noops(files: dict[str, str | None], keep: dict[str, list[str]],
+               docstrings: bool = True) -> dict[str, str | None]:
+    """The files without statements that do nothing: docstrings (unless ``docstrings`` is
+    False: a program may read ``__doc__``) and other bare constants (``0``, which the reducer
+    leaves where it emptied an expression), ``pass`` in a body that has other statements, and
+    conditions on a constant (``if True:``, ``a if False else b``: the branch that runs).
+    Statements marked to keep, and what is inside them, stay."""
+    out = dict(files)
+    for name, source in files.items():
+        if not source:
+            continue
+        tree = ast.parse(source)
+        kept = set(keep.get(name, ()))
+        tree.body = _clean(tree.body, kept, docstrings)
+        tree = _Choose(kept).visit(tree)
+        out[name] = ast.unparse(tree) if tree.body else "pass"
+    return out
+
+
+def _clean(body: list[ast.stmt], kept: set[str], docstrings: bool) -> list[ast.stmt]:
+    left = []
+    for i, node in enumerate(body):
+        if ast.dump(node) in kept:
+            left.append(node)
+            continue
+        if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                                          and (docstrings or i > 0 or not isinstance(node.value.value, str))):
+            continue
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Constant):
+            left += _clean(node.body if node.test.value else node.orelse, kept, docstrings)
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                empty = [ast.Pass()] if field == "body" else []
+                setattr(node, field, _clean(inner, kept, docstrings) or empty)
+        for handler in getattr(node, "handlers", ()):
+            handler.body = _clean(handler.body, kept, docstrings) or [ast.Pass()]
+        for case in getattr(node, "cases", ()):
+            case.body = _clean(case.body, kept, docstrings) or [ast.Pass()]
+        left.append(node)
+    return left
+
+
+class _Choose(ast.NodeTransformer):
+    """``a if True else b`` -> ``a``, outside the statements marked to keep."""
+
+    def __init__(self, kept: set[str]):
+        self.kept = kept
+
+    def visit(self, node):
+        return node if isinstance(node, ast.stmt) and ast.dump(node) in self.kept else super().visit(node)
+
+    def visit_IfExp(self, node):
+        self.generic_visit(node)
+        if isinstance(node.test, ast.Constant):
+            return node.body if node.test.value else node.orelse
+        return node
+
+
+# -- inlining functions and methods with one caller ----------------------------------------
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name that appears in ``node``, read or bound (names, parameters, definitions,
+    imports, ``except ... as``)."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.arg):
+            found.add(n.arg)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(n.name)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            found.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            found.add(n.name)
+        elif isinstance(n, ast.Global | ast.Nonlocal):
+            found.update(n.names)
+    return found
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """The names ``node`` binds anywhere inside it (nested scopes included: conservative)."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            found.add(n.id)
+        elif isinstance(n, ast.arg):
+            found.add(n.arg)
+        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            found.add(n.name)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            found.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            found.add(n.name)
+    return found
+
+
+def _free_reads(node: ast.AST) -> set[str]:
+    """The names a definition's functions read without binding them: module names it uses."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            found |= _reads(n) - _bound(n)
+        elif isinstance(n, ast.ClassDef):
+            found |= {r for s in n.body if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)
+                      for r in _reads(s)} | {r for b in n.bases for r in _reads(b)}
+    return found
+
+
+def _rename(node: ast.AST, old: str, new: str) -> ast.AST:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id == old:
+            n.id = new
+    return node
+
+
+def _substitute(expr: ast.expr, values: dict[str, ast.expr]) -> ast.expr:
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if isinstance(node.ctx, ast.Load) and node.id in values:
+                return ast.copy_location(copy.deepcopy(values[node.id]), node)
+            return node
+    return Sub().visit(expr)
+
+
+def _plain_body(func: ast.FunctionDef) -> list[ast.stmt] | None:
+    """The function's statements without its docstring, when it can be pasted at its call:
+    no decorator, only plain parameters, no generator, ``global``, ``nonlocal`` or nested
+    definition, and a ``return`` only as its last statement."""
+    if func.decorator_list or func.args.vararg or func.args.kwarg or func.args.posonlyargs \
+            or func.args.kwonlyargs:
+        return None
+    body = func.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if not body:
+        return None
+    inner = [n for s in body for n in ast.walk(s)]
+    if any(isinstance(n, ast.Yield | ast.YieldFrom | ast.Await | ast.Global | ast.Nonlocal
+                      | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in inner):
+        return None
+    returns = [n for n in inner if isinstance(n, ast.Return)]
+    if returns and (len(returns) > 1 or returns[0] is not body[-1]):
+        return None
+    return body
+
+
+def _definitions(trees: dict[str, ast.Module]) -> dict[str, tuple[str, ast.ClassDef | None, ast.FunctionDef]]:
+    """Module-level functions and methods, by ``name`` or ``Class.name``; a name defined twice
+    (in two files, or as a method of two classes) is left out."""
+    found: dict[str, list] = {}
+    methods: dict[str, int] = {}
+    for file, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                found.setdefault(node.name, []).append((file, None, node))
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and not item.name.startswith("__"):
+                        found.setdefault(f"{node.name}.{item.name}", []).append((file, node, item))
+                        methods[item.name] = methods.get(item.name, 0) + 1
+    return {q: f[0] for q, f in found.items()
+            if len(f) == 1 and ("." not in q or methods[q.split(".")[1]] == 1)}
+
+
+def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None] | None:
+    """The files with the function (``name``) or method (``Class.name``) pasted at its only
+    call and its definition gone; None when that cannot be done safely here.
+
+    A function whose body is one ``return EXPR`` becomes ``EXPR`` at the call, its parameters
+    replaced by the arguments (an argument used twice must be a name or a constant). Any
+    other, called once in a simple statement (an expression, an assignment, a ``return``; not
+    under a condition, a lambda or a comprehension), becomes statements before it: the body,
+    each parameter replaced by its argument when that is a name or a constant, else assigned
+    first (``param = argument``), then the statement with the returned value in place of the
+    call. Refused when a name would change meaning: the function's own names appear in the
+    caller, or the caller binds a name the function reads from its module.
+    A method is inlined at a ``self.name(...)`` call in another method of its class, or at
+    ``obj.name(...)`` anywhere when it needs no class cell (``super()``, private names)."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    found = _definitions(trees).get(qualname)
+    if not found:
+        return None
+    file, cls, func = found
+    body = _plain_body(func)
+    if body is None:
+        return None
+    tree = trees[file]
+    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+    short = func.name
+    if cls is None:
+        if any(isinstance(n, ast.ImportFrom) and any(a.name == short for a in n.names)
+               for t in trees.values() for n in ast.walk(t)):
+            return None
+        module = file.removesuffix(".py").replace("/", ".")
+        aliases = {a.asname or a.name for t in trees.values() for n in ast.walk(t)
+                   if isinstance(n, ast.Import) for a in n.names if a.name == module}
+        if any(isinstance(n, ast.Attribute) and n.attr == short and isinstance(n.value, ast.Name)
+               and n.value.id in aliases for t in trees.values() for n in ast.walk(t)):
+            return None  # also used as module.name
+        uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == short]
+        if len(uses) != 1 or not isinstance(uses[0].ctx, ast.Load) or uses[0] not in list(ast.walk(tree)):
+            return None
+    else:
+        uses = [n for t in trees.values() for n in ast.walk(t)
+                if isinstance(n, ast.Attribute) and n.attr == short]
+        if len(uses) != 1 or not isinstance(uses[0].value, ast.Name):
+            return None
+    if any(isinstance(n, ast.Constant) and n.value == short for t in trees.values() for n in ast.walk(t)):
+        return None  # getattr(obj, "name"): a use we cannot follow
+    call = parents.get(id(uses[0]))
+    if not (isinstance(call, ast.Call) and call.func is uses[0]):
+        return None
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    if any(n is func for n in _ancestors(call, parents)):
+        return None  # recursive
+    # the scope the call is in
+    chain = _ancestors(call, parents)
+    scope = next((n for n in chain if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+                                                      | ast.ClassDef | ast.Module)), None)
+    params = [a.arg for a in func.args.args]
+    receiver = None
+    if cls is not None:
+        # obj.name(...): in a method of the same class on its first parameter, or anywhere on a
+        # name (the method's name is unique in the program) when the method needs no class cell
+        receiver, params = uses[0].value.id, params[1:]
+        same_class = (isinstance(scope, ast.FunctionDef) and parents.get(id(scope)) is cls
+                      and scope.args.args and scope.args.args[0].arg == receiver)
+        if not func.args.args or (not same_class and (
+                isinstance(scope, ast.ClassDef | ast.Lambda)
+                or any(isinstance(n, ast.Name) and n.id in ("super", "__class__") for n in ast.walk(func))
+                or any(isinstance(n, ast.Attribute) and n.attr.startswith("__") for n in ast.walk(func)))):
+            return None
+    elif isinstance(scope, ast.ClassDef | ast.Lambda):
+        return None
+    # argument of each parameter
+    values: dict[str, ast.expr] = {}
+    if len(call.args) > len(params):
+        return None
+    for p, a in zip(params, call.args, strict=False):
+        values[p] = a
+    for k in call.keywords:
+        if k.arg not in params or k.arg in values:
+            return None
+        values[k.arg] = k.value
+    defaults = dict(zip(params[::-1], func.args.defaults[::-1], strict=False))
+    for p in params:
+        if p not in values:
+            if p not in defaults or not isinstance(defaults[p], ast.Constant):
+                return None
+            values[p] = defaults[p]
+    if receiver is not None:
+        self_name = func.args.args[0].arg
+        if self_name != receiver:
+            if receiver in _names(func):
+                return None
+            body = [_rename(copy.deepcopy(s), self_name, receiver) for s in body]
+    inner = ast.Module(body=body, type_ignores=[])
+    own = set(params) | _bound(inner)  # the function's local names (its receiver aside)
+    reads_module = _reads(inner) - own - {receiver or ""}
+    local = _bound(scope) if not isinstance(scope, ast.Module) else set()
+    if cls is None and short in local:
+        return None  # the call's name is a local of the caller there, not this function
+    for node in chain:  # comprehensions and lambdas between the call and its scope
+        if node is scope:
+            break
+        if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+            local |= _bound(node)
+    if reads_module & local:
+        return None  # the caller binds a name the function reads from its module
+    stmt = next(n for n in chain if isinstance(n, ast.stmt))
+    expr = copy.deepcopy(body[0].value) if len(body) == 1 and isinstance(body[0], ast.Return) else None
+    if expr is not None:
+        counts = {p: sum(isinstance(n, ast.Name) and n.id == p for n in ast.walk(expr)) for p in params}
+        if _bound(expr) & (set(params) | set().union(*(_names(v) for v in values.values()))) or \
+                any(counts[p] > 1 and not isinstance(values[p], ast.Name | ast.Constant) for p in params):
+            expr = None  # a comprehension or lambda in it would capture an argument's names, or
+            # an argument would be computed twice: as statements instead
+    if expr is not None:
+        new = _substitute(expr, values)
+        holder = parents[id(call)]
+        _replace_child(holder, call, new)
+    else:
+        if not isinstance(stmt, ast.Expr | ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Return):
+            return None
+        path = chain[:chain.index(stmt)]
+        if any(isinstance(n, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp
+                          | ast.BoolOp | ast.IfExp) for n in path):
+            return None  # the call may run several times, or not at all
+        # a name or a constant goes in place of its parameter (no rebinding in the body)
+        direct = {p: values[p] for p in params
+                  if isinstance(values[p], ast.Name | ast.Constant) and p not in _bound(inner)}
+        if isinstance(scope, ast.Module):  # its names become globals: what else in the module sees them
+            elsewhere = set()
+            for node in tree.body:
+                if node is func:
+                    continue
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    elsewhere |= {node.name} | _free_reads(node)
+                else:
+                    elsewhere |= _names(node)
+        else:
+            elsewhere = _names(scope)
+        if (own - set(direct)) & elsewhere:
+            return None  # the function's own names would change the caller's
+        new_body = [ast.Assign([ast.Name(p, ast.Store())], values[p]) for p in params if p not in direct]
+        new_body += [_substitute(copy.deepcopy(s), direct) for s in body]
+        result = new_body.pop().value if isinstance(new_body[-1], ast.Return) else None
+        if isinstance(stmt, ast.Expr) and stmt.value is call:
+            if result is not None:
+                new_body.append(ast.Expr(result))
+        else:  # the statement, with the call's value in place of the call
+            _replace_child(parents[id(call)], call, result or ast.Constant(None))
+            new_body.append(stmt)
+        container, field, index = _position(stmt, parents)
+        getattr(container, field)[index:index + 1] = new_body or [ast.Pass()]
+    owner = cls or tree
+    owner.body = [n for n in owner.body if n is not func] or [ast.Pass()]
+    return {n: ast.unparse(ast.fix_missing_locations(trees[n])) if n in trees else s
+            for n, s in files.items()}
+
+
+def _ancestors(node: ast.AST, parents: dict[int, ast.AST]) -> list[ast.AST]:
+    chain = []
+    while id(node) in parents:
+        node = parents[id(node)]
+        chain.append(node)
+    return chain
+
+
+def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    for field, value in ast.iter_fields(parent):
+        if value is old:
+            setattr(parent, field, new)
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if item is old:
+                    value[i] = new
+                    return
+
+
+def _position(stmt: ast.stmt, parents: dict[int, ast.AST]) -> tuple[ast.AST, str, int]:
+    parent = parents[id(stmt)]
+    for field, value in ast.iter_fields(parent):
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if item is stmt:
+                    return parent, field, i
+    raise LookupError("statement not found in its parent")
+
+
+def inlinable(files: dict[str, str | None]) -> list[str]:
+    """The functions and methods ``inline`` can paste at their only call."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    return sorted(q for q in _definitions(trees) if inline(files, q) is not None)
+
+
+def inline_all(files: dict[str, str | None], allowed=lambda files: True) -> dict[str, str | None]:
+    """``files`` with every function and method that can be inlined inlined, one after the
+    other (an inlined call may make another function's only call inlinable); ``allowed``
+    judges each step statically (the keep markers)."""
+    done: set[str] = set()
+    while True:
+        for q in inlinable(files):
+            if q in done:
+                continue
+            candidate = inline(files, q)
+            done.add(q)
+            if candidate is not None and allowed(candidate):
+                files = candidate
+                break
+        else:
+            return files
+
+
+# -- variables read once -------------------------------------------------------------------
+
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _own(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
+    """The nodes of ``scope`` itself, and the nested scopes in it (not descended into)."""
+    own, nested, todo = [], [], list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, SCOPES):
+            nested.append(node)
+            # decorators, defaults and bases run in this scope
+            todo.extend(getattr(node, "decorator_list", []) + getattr(node, "bases", []))
+            if not isinstance(node, ast.ClassDef):
+                todo.extend(d for d in [*node.args.defaults, *node.args.kw_defaults] if d)
+            continue
+        own.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return own, nested
+
+
+def _single_use(tree: ast.Module, scope: ast.AST, parents: dict[int, ast.AST], outside: set[str]):
+    """(assignment, the read) of each variable of ``scope`` bound by one plain assignment and
+    read once after it, whose value can move to that read; (assignment, None) for one never
+    read whose value does nothing."""
+    own, nested = _own(scope)
+    params = set() if isinstance(scope, ast.Module | ast.ClassDef) else \
+        {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+    # what nested scopes read of this one (a parameter of the same name there is another name)
+    in_nested = set()
+    for n in nested:
+        in_nested |= _free_reads(n) | {name for g in ast.walk(n) if isinstance(g, ast.Global | ast.Nonlocal)
+                                       for name in g.names}
+        if isinstance(n, ast.Lambda):
+            in_nested |= _reads(n.body) - _bound(n)
+    declared = {name for n in own if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names}
+    stores: dict[str, list] = {}
+    loads: dict[str, list] = {}
+    for n in own:
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else stores).setdefault(n.id, []).append(n)
+        elif isinstance(n, ast.Import | ast.ImportFrom | ast.ExceptHandler):
+            for name in ([(a.asname or a.name).split(".")[0] for a in n.names]
+                         if not isinstance(n, ast.ExceptHandler) else [n.name]):
+                stores.setdefault(name, []).append(n)
+    for n in nested:
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            stores.setdefault(n.name, []).append(n)
+    found = []
+    for name, bound in stores.items():
+        if len(bound) != 1 or len(loads.get(name, ())) > 1 or name in params | declared | outside \
+                or name in in_nested:
+            continue
+        target, use = bound[0], (loads.get(name) or [None])[0]
+        assign = parents.get(id(target))
+        if use is None:  # never read: the assignment goes if its value does nothing
+            acts = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.Subscript,
+                    ast.Attribute)
+            if isinstance(assign, ast.Assign) and assign.targets == [target] \
+                    and not any(isinstance(n, acts) for n in ast.walk(assign.value)):
+                found.append((assign, None))
+            continue
+        if not (isinstance(assign, ast.Assign) and assign.targets == [target]):
+            continue
+        if isinstance(assign.value, ast.Starred | ast.Yield | ast.YieldFrom | ast.Await | ast.NamedExpr):
+            continue
+        if (use.lineno, use.col_offset) <= (assign.end_lineno, assign.end_col_offset):
+            continue  # read before it is bound (a loop), or in its own value
+        pure = isinstance(assign.value, ast.Name | ast.Constant)
+        after, before = (assign.end_lineno, assign.end_col_offset), (use.lineno, use.col_offset)
+        if any(after < (s.lineno, s.col_offset) < before
+               for r in _reads(assign.value) for s in stores.get(r, ()) if hasattr(s, "lineno")):
+            continue  # a name its value reads is bound again before the read
+        chain = _ancestors(use, parents)
+        outer = _ancestors(assign, parents)
+        if not pure and any(_repeats(n, use) and not any(a is n for a in outer)
+                            for n in chain[:chain.index(scope)]):
+            continue  # the value would be computed at every turn of a loop
+        found.append((assign, use))
+    return found
+
+
+def _scopes(tree: ast.Module) -> list[ast.AST]:
+    return [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+
+
+def _repeats(node: ast.AST, use: ast.AST) -> bool:
+    """Does ``use``, inside ``node``, run more than once per run of ``node`` (a loop's body or
+    test, a comprehension past its first iterable)?"""
+    if not isinstance(node, LOOPS):
+        return False
+    first = node.iter if isinstance(node, ast.For | ast.AsyncFor) else \
+        node.generators[0].iter if not isinstance(node, ast.While) else None
+    return first is None or not any(n is use for n in ast.walk(first))
+
+
+def _split_tuples(tree: ast.Module) -> bool:
+    """``a, b = x, y`` -> ``a = x`` and ``b = y`` where that means the same (no value reads a
+    target); True if any was split."""
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    for node in list(ast.walk(tree)):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple) \
+                and len(node.targets[0].elts) == len(node.value.elts) \
+                and all(isinstance(t, ast.Name) for t in node.targets[0].elts) \
+                and not any(isinstance(v, ast.Starred) for v in node.value.elts) \
+                and not {t.id for t in node.targets[0].elts} & _reads(node.value):
+            container, field, index = _position(node, parents)
+            getattr(container, field)[index:index + 1] = [
+                ast.Assign([t], v) for t, v in zip(node.targets[0].elts, node.value.elts, strict=True)]
+            return True
+    return False
+
+
+def _merge_appends(tree: ast.Module) -> bool:
+    """``x = [a]`` followed by ``x.append(b)`` -> ``x = [a, b]``; True if any was merged."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body[:-1]):
+                nxt = body[i + 1]
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
+                        and isinstance(stmt.targets[0], ast.Name) \
+                        and isinstance(stmt.value, ast.List) and isinstance(nxt, ast.Expr) \
+                        and isinstance(nxt.value, ast.Call) and isinstance(nxt.value.func, ast.Attribute) \
+                        and nxt.value.func.attr == "append" and isinstance(nxt.value.func.value, ast.Name) \
+                        and nxt.value.func.value.id == stmt.targets[0].id and len(nxt.value.args) == 1 \
+                        and not nxt.value.keywords and stmt.targets[0].id not in _names(nxt.value.args[0]):
+                    stmt.value.elts.append(nxt.value.args[0])
+                    del body[i + 1]
+                    return True
+    return False
+
+
+def _fold_literal_subscript(node: ast.AST, parents: dict[int, ast.AST]) -> None:
+    """``{"k": v, ...}["k"]`` (a dict literal just moved into a subscript) -> ``v``."""
+    holder = parents.get(id(node))
+    if isinstance(node, ast.Dict) and isinstance(holder, ast.Subscript) and holder.value is node \
+            and isinstance(holder.slice, ast.Constant) \
+            and all(isinstance(k, ast.Constant) for k in node.keys):
+        values = [v for k, v in zip(node.keys, node.values, strict=True) if k.value == holder.slice.value]
+        if values:
+            _replace_child(parents[id(holder)], holder, values[-1])
+
+
+def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None = None,
+                     ) -> dict[str, str | None]:
+    """The files with each variable that is bound by one plain assignment and read once moved
+    into that read (``x = build(); f(x)`` -> ``f(build())``), and without those never read
+    whose value does nothing (no call, attribute or subscript); only ``(file, name)`` if given.
+    First ``a, b = x, y`` is split, and ``x = [...]`` followed by ``x.append(v)`` merged.
+    Not when the read is inside a loop the assignment is outside of (unless the value is a
+    name or a constant), nor when a name the value reads is bound again in between."""
+    out = dict(files)
+    for file, source in files.items():
+        if not source or (only and only[0] != file):
+            continue
+        others = set()  # module names other files import or read as attributes
+        for other, src in files.items():
+            if src and other != file:
+                others |= {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute)}
+                others |= {a.asname or a.name for n in ast.walk(ast.parse(src))
+                           if isinstance(n, ast.ImportFrom) for a in n.names}
+        changed = True
+        while changed:
+            changed = False
+            tree = ast.parse(out[file])
+            if not only and (_split_tuples(tree) or _merge_appends(tree)):
+                out[file], changed = ast.unparse(ast.fix_missing_locations(tree)), True
+                continue
+            parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+            for scope in _scopes(tree):
+                outside = others if scope is tree else set()
+                for assign, use in _single_use(tree, scope, parents, outside):
+                    if only and assign.targets[0].id != only[1]:
+                        continue
+                    if use is not None:
+                        _replace_child(parents[id(use)], use, assign.value)
+                        parents[id(assign.value)] = parents[id(use)]
+                        _fold_literal_subscript(assign.value, parents)
+                    container, field, index = _position(assign, parents)
+                    del getattr(container, field)[index]
+                    if not getattr(container, field) and field in ("body",):
+                        getattr(container, field).append(ast.Pass())
+                    changed = True
+                    break
+                if changed:
+                    break
+            if changed:
+                out[file] = ast.unparse(ast.fix_missing_locations(tree))
+    return out
+
+
+def single_use_variables(files: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(file, name) of every variable ``inline_variables`` would move."""
+    found = []
+    for file, source in files.items():
+        if not source:
+            continue
+        tree = ast.parse(source)
+        parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+        for scope in _scopes(tree):
+            found += [(file, a.targets[0].id) for a, _ in _single_use(tree, scope, parents, set())]
+    return found
+
+
+# -- a sub-module class built once, flattened into its owner --------------------------------
+
+def _self_attrs(func: ast.FunctionDef) -> tuple[set[str], bool]:
+    """The attributes ``func`` stores on its first parameter, and whether every use of that
+    parameter is ``self.attr`` (no ``self`` passed on, no ``self.method()`` of a base class)."""
+    me = func.args.args[0].arg
+    parents = {id(c): p for p in ast.walk(func) for c in ast.iter_child_nodes(p)}
+    stored, plain = set(), True
+    for n in ast.walk(func):
+        if isinstance(n, ast.Name) and n.id == me and n is not func.args.args[0]:
+            holder = parents.get(id(n))
+            if not isinstance(holder, ast.Attribute):
+                plain = False
+            elif isinstance(holder.ctx, ast.Store):
+                stored.add(holder.attr)
+    return stored, plain
+
+
+def flatten_submodule(files: dict[str, str | None], name: str) -> dict[str, str | None] | None:
+    """The files with class ``name`` (say ``Head``: an ``__init__`` and a ``forward``, the
+    ``nn.Module`` shape) built once as ``self.head = Head(...)`` in a method of another class,
+    flattened into that class: its ``__init__`` body in place of the assignment (its
+    attributes renamed ``head_<attr>``), its ``forward`` a method ``head_forward`` of the owner,
+    called where ``self.head(...)`` was. None when that cannot be done safely: the class does
+    anything else (other methods, ``self`` passed on, a base-class method called), or its
+    attribute is read other than as a call."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    found = [(f, n) for f, t in trees.items() for n in t.body
+             if isinstance(n, ast.ClassDef) and n.name == name]
+    if len(found) != 1:
+        return None
+    file, cls = found[0]
+    tree = trees[file]
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    rest = [n for n in cls.body if not isinstance(n, ast.FunctionDef)
+            and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if cls.decorator_list or cls.keywords or rest or set(methods) != {"__init__", "forward"}:
+        return None
+    init, forward = methods["__init__"], methods["forward"]
+    if any(m.decorator_list or not m.args.args or m.args.vararg or m.args.kwarg or m.args.kwonlyargs
+           or m.args.posonlyargs for m in (init, forward)):
+        return None
+    body = _plain_body(init)
+    if not body or _returns(init):
+        return None
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and \
+            isinstance(first.value.func, ast.Attribute) and first.value.func.attr == "__init__":
+        body = body[1:]  # super().__init__(): the owner has made its own
+    if any(isinstance(n, ast.Name) and n.id in ("super", "__class__") for s in body for n in ast.walk(s)):
+        return None
+    attrs, plain = _self_attrs(init)
+    used, plain_forward = _self_attrs(forward)
+    reads = {n.attr for m in (init, forward) for n in ast.walk(m) if isinstance(n, ast.Attribute)
+             and isinstance(n.value, ast.Name) and n.value.id == m.args.args[0].arg}
+    if not (plain and plain_forward) or used or not reads <= attrs:
+        return None  # forward stores attributes, or one reads what __init__ did not set (a base's)
+    uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name]
+    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+    if len(uses) != 1 or uses[0] not in list(ast.walk(tree)):
+        return None
+    call = parents.get(id(uses[0]))
+    assign = parents.get(id(call))
+    if not (isinstance(call, ast.Call) and call.func is uses[0] and isinstance(assign, ast.Assign)
+            and assign.value is call and len(assign.targets) == 1
+            and isinstance(assign.targets[0], ast.Attribute)
+            and isinstance(assign.targets[0].value, ast.Name)):
+        return None
+    chain = _ancestors(assign, parents)
+    method = next((n for n in chain if isinstance(n, ast.FunctionDef)), None)
+    owner = parents.get(id(method)) if method else None
+    me, attr = assign.targets[0].value.id, assign.targets[0].attr
+    if not (isinstance(owner, ast.ClassDef) and method.args.args and method.args.args[0].arg == me
+            and parents.get(id(assign)) is method):
+        return None
+    # every other use of the attribute in the owner: self.attr(...) calls
+    refs = [n for n in ast.walk(owner)
+            if isinstance(n, ast.Attribute) and n.attr == attr and n is not assign.targets[0]]
+    if any(not (isinstance(r.value, ast.Name) and isinstance(parents.get(id(r)), ast.Call)
+                and parents[id(r)].func is r) for r in refs):
+        return None
+    if any(isinstance(n, ast.Attribute) and n.attr == attr for t in trees.values() for n in ast.walk(t)
+           if not any(n is r for r in refs) and n is not assign.targets[0]):
+        return None
+    new_names = {f"{attr}_{a}" for a in attrs} | {f"{attr}_forward"}
+    taken = {n.attr for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Attribute)} | \
+        {n.name for n in owner.body if isinstance(n, ast.FunctionDef)}
+    if new_names & taken:
+        return None
+    # __init__'s body in place of the assignment, as ``inline`` does with a call's statement
+    params = [a.arg for a in init.args.args[1:]]
+    values: dict[str, ast.expr] = dict(zip(params, call.args, strict=False))
+    if len(call.args) > len(params) or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    for k in call.keywords:
+        if k.arg not in params or k.arg in values:
+            return None
+        values[k.arg] = k.value
+    defaults = dict(zip(params[::-1], init.args.defaults[::-1], strict=False))
+    for p in params:
+        if p not in values:
+            if not isinstance(defaults.get(p), ast.Constant):
+                return None
+            values[p] = defaults[p]
+    inner = ast.Module(body=body, type_ignores=[])
+    direct = {p: v for p, v in values.items()
+              if isinstance(v, ast.Name | ast.Constant) and p not in _bound(inner)}
+    own = (set(params) | _bound(inner)) - set(direct) - {init.args.args[0].arg}
+    if own & _names(method) or (_reads(inner) - set(params) - _bound(inner) - {init.args.args[0].arg}) \
+            & _bound(method):
+        return None
+    moved = [ast.Assign([ast.Name(p, ast.Store())], values[p]) for p in params if p not in direct]
+    moved += [_substitute(_rename_self(copy.deepcopy(s), init.args.args[0].arg, me, attr), direct)
+              for s in body]
+    container, field, index = _position(assign, parents)
+    getattr(container, field)[index:index + 1] = moved or [ast.Pass()]
+    # forward as a method of the owner
+    me_forward = forward.args.args[0].arg
+    new_forward = _rename_self(copy.deepcopy(forward), me_forward, me_forward, attr)
+    new_forward.name = f"{attr}_forward"
+    owner.body.append(new_forward)
+    for r in refs:
+        r.attr = f"{attr}_forward"
+    tree.body = [n for n in tree.body if n is not cls]
+    return {n: ast.unparse(ast.fix_missing_locations(trees[n])) if n in trees else s
+            for n, s in files.items()}
+
+
+def _returns(func: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(func))
+
+
+def _rename_self(node: ast.AST, old: str, new: str, prefix: str) -> ast.AST:
+    """``old.attr`` -> ``new.<prefix>_attr`` everywhere in ``node``."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == old:
+            n.value.id, n.attr = new, f"{prefix}_{n.attr}"
+    return node
+
+
+def flattenable(files: dict[str, str | None]) -> list[str]:
+    """The classes ``flatten_submodule`` can flatten into their owner."""
+    names = {n.name for s in files.values() if s for n in ast.parse(s).body if isinstance(n, ast.ClassDef)}
+    return sorted(n for n in names if flatten_submodule(files, n) is not None)
