@@ -289,10 +289,11 @@ def functions_with_unused_params(files: dict[str, str | None]) -> list[str]:
 
 def drop_noops(files: dict[str, str | None], keep: dict[str, list[str]],
                docstrings: bool = True) -> dict[str, str | None]:
-    """The files without statements that do nothing: docstrings (unless ``docstrings`` is
-    False: a program may read ``__doc__``) and other bare constants (``0``, which the reducer
-    leaves where it emptied an expression), ``pass`` in a body that has other statements, and
-    conditions on a constant (``if True:``, ``a if False else b``: the branch that runs).
+    """The files without statements that do nothing: docstrings (but the module's when
+    ``docstrings`` is False: a program may read ``__doc__``) and other bare constants (``0``,
+    which the reducer leaves where it emptied an expression), ``pass`` in a body that has other
+    statements, and conditions on a constant (``if True:``, ``a if False else b``: the branch
+    that runs).
     Statements marked to keep, and what is inside them, stay."""
     out = dict(files)
     for name, source in files.items():
@@ -300,33 +301,35 @@ def drop_noops(files: dict[str, str | None], keep: dict[str, list[str]],
             continue
         tree = ast.parse(source)
         kept = set(keep.get(name, ()))
-        tree.body = _clean(tree.body, kept, docstrings)
+        doc = tree.body[:1] if not docstrings and tree.body and isinstance(tree.body[0], ast.Expr) \
+            and isinstance(tree.body[0].value, ast.Constant) else []
+        tree.body = doc + _clean(tree.body[len(doc):], kept)
         tree = _Choose(kept).visit(tree)
         out[name] = ast.unparse(tree) if tree.body else "pass"
     return out
 
 
-def _clean(body: list[ast.stmt], kept: set[str], docstrings: bool) -> list[ast.stmt]:
+def _clean(body: list[ast.stmt], kept: set[str]) -> list[ast.stmt]:
     left = []
-    for i, node in enumerate(body):
+    for node in body:
         if ast.dump(node) in kept:
             left.append(node)
             continue
-        if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                                          and (docstrings or i > 0 or not isinstance(node.value.value, str))):
+        bare = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if bare or isinstance(node, ast.Pass):
             continue
         if isinstance(node, ast.If) and isinstance(node.test, ast.Constant):
-            left += _clean(node.body if node.test.value else node.orelse, kept, docstrings)
+            left += _clean(node.body if node.test.value else node.orelse, kept)
             continue
         for field in ("body", "orelse", "finalbody"):
             inner = getattr(node, field, None)
             if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
                 empty = [ast.Pass()] if field == "body" else []
-                setattr(node, field, _clean(inner, kept, docstrings) or empty)
+                setattr(node, field, _clean(inner, kept) or empty)
         for handler in getattr(node, "handlers", ()):
-            handler.body = _clean(handler.body, kept, docstrings) or [ast.Pass()]
+            handler.body = _clean(handler.body, kept) or [ast.Pass()]
         for case in getattr(node, "cases", ()):
-            case.body = _clean(case.body, kept, docstrings) or [ast.Pass()]
+            case.body = _clean(case.body, kept) or [ast.Pass()]
         left.append(node)
     return left
 
