@@ -422,3 +422,41 @@ def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(ch
     source = SUBMODULE.replace(*change)
     assert source != SUBMODULE
     assert flatten_submodule({"a.py": source}, "Head") is None
+
+
+@pytest.mark.parametrize("source", [
+    # a constant with a backslash cannot be written inside an f-string's braces (Python 3.11)
+    'def green(s):\n    return "\\033[92m" + s + "\\033[0m"\nprint(f"status: {green(\'ok\')}")\n',
+    'cr = "\\r"\nprint(f"{cr}step")\n',
+    # a finally left empty, a dead write to a dict literal's key, an emptied finally by a move
+    "def main():\n    print(1)\ntry:\n    main()\nfinally:\n    0\n",
+    "def f():\n    x = {'a': 1}\n    x['a'] = 2\n    del x['a']\nf()\n",
+    "def main():\n    try:\n        print(1)\n    finally:\n        done = True\nmain()\n",
+])
+def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
+    from tools.minimize_passes import (
+        drop_noops,
+        flattenable,
+        inlinable,
+        inline_all,
+        inline_variables,
+        single_use_variables,
+    )
+
+    files = {"a.py": source}
+    inlinable(files), flattenable(files), single_use_variables(files)
+    for out in (drop_noops(files, {}), inline_all(files), inline_variables(files)):
+        compile(out["a.py"], "a.py", "exec")
+
+
+@pytest.mark.parametrize(("source", "moved"), [
+    ("for b in [1, 2]:\n    out = b * 2\nprint(out)\n", False),  # out of its loop
+    ("total = 0\nstart = total\nfor v in [1, 2]:\n    print(start)\n    total += v\n", False),
+    ("i = 10\nn = i * 1\nprint([n for i in range(3)])\n", False),  # a comprehension's own i
+    ("import os\nn = os.getpid()\nprint(n)\n", True),
+])
+def test_a_variable_moves_only_where_it_means_the_same(source, moved):
+    from tools.minimize_passes import inline_variables
+
+    out = inline_variables({"a.py": source})["a.py"]
+    assert (out != source) == moved, out

@@ -846,45 +846,68 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
     """One round of the simplifying passes, each one candidate (all its changes at once), and
     when that is not interesting, its changes one by one: no-op statements, dead definitions,
     unused parameters, sub-module classes flattened into their owner, inlined functions and
-    methods, inlined variables."""
-    def allowed(candidate):
+    methods, inlined variables. A pass that fails on a program it did not foresee is skipped
+    (logged), and a candidate that does not compile is not launched: a long reduction is never
+    lost to a pass."""
+    def usable(candidate) -> bool:
+        try:
+            for name, source in candidate.items():
+                if source is not None:
+                    compile(source, name, "exec")
+        except (SyntaxError, ValueError):
+            return False
         return missing_kept(candidate, oracle.kept) is None
 
-    def step(label, candidate, singles=()):
+    def step(label, make_all, make_singles=lambda: []):
         nonlocal files
-        if candidate == files:
+        try:
+            candidate, singles = make_all(), make_singles()
+        except Exception as err:  # noqa: BLE001 - a pass's own bug must not end the reduction
+            oracle.log(f"[minimize] {label}: skipped, the pass failed on this program "
+                       f"({type(err).__name__}: {err})")
+            return
+        if candidate is None or candidate == files:
             return
         before = size(files)[0]
-        if allowed(candidate) and oracle(candidate):
+        if usable(candidate) and oracle(candidate):
             files = candidate
             oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines, all at once")
             return
         taken = 0
         for make in singles:
-            one = make(files)
-            if one is not None and one != files and allowed(one) and oracle(one):
+            try:
+                one = make(files)
+            except Exception:  # noqa: BLE001 - as above, for this one change
+                continue
+            if one is not None and one != files and usable(one) and oracle(one):
                 files, taken = one, taken + 1
         oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines"
                    + (f", {taken} of {len(singles)} one by one" if singles else ", not interesting"))
 
-    step("no-op statements", drop_noops(files, oracle.kept),
-         [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__
-    step("dead definitions", drop_unused(files, oracle.kept))
-    params = files
-    while (fewer := drop_unused(drop_unused_params(params), oracle.kept)) != params:
-        params = fewer  # a parameter passed on to another function's unused one goes with it
-    step("unused parameters", params,
-         [lambda f, q=q: drop_unused(drop_unused_params(f, only=q), oracle.kept)
-          for q in functions_with_unused_params(files)])
-    flat = files
-    for name in flattenable(files):
-        flat = flatten_submodule(flat, name) or flat
+    def fewer_params():
+        params = files
+        while (fewer := drop_unused(drop_unused_params(params), oracle.kept)) != params:
+            params = fewer  # a parameter passed on to another function's unused one goes with it
+        return params
+
+    def flat():
+        out = files
+        for name in flattenable(files):
+            out = flatten_submodule(out, name) or out
+        return out
+
+    step("no-op statements", lambda: drop_noops(files, oracle.kept),
+         lambda: [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__
+    step("dead definitions", lambda: drop_unused(files, oracle.kept))
+    step("unused parameters", fewer_params,
+         lambda: [lambda f, q=q: drop_unused(drop_unused_params(f, only=q), oracle.kept)
+                  for q in functions_with_unused_params(files)])
     step("flattened sub-modules", flat,
-         [lambda f, n=n: flatten_submodule(f, n) for n in flattenable(files)])
-    step("inlined functions", drop_unused(inline_all(files, allowed), oracle.kept),
-         [lambda f, q=q: drop_unused(inline(f, q) or f, oracle.kept) for q in inlinable(files)])
-    step("inlined variables", inline_variables(files),
-         [lambda f, v=v: inline_variables(f, only=v) for v in single_use_variables(files)])
+         lambda: [lambda f, n=n: flatten_submodule(f, n) for n in flattenable(files)])
+    step("inlined functions", lambda: drop_unused(inline_all(files, usable), oracle.kept),
+         lambda: [lambda f, q=q: drop_unused(inline(f, q) or f, oracle.kept) for q in inlinable(files)])
+    step("inlined variables", lambda: inline_variables(files),
+         lambda: [lambda f, v=v: inline_variables(f, only=v) for v in single_use_variables(files)])
     return files
 
 

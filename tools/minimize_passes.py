@@ -328,6 +328,8 @@ def _clean(body: list[ast.stmt], kept: set[str]) -> list[ast.stmt]:
                 setattr(node, field, _clean(inner, kept) or empty)
         for handler in getattr(node, "handlers", ()):
             handler.body = _clean(handler.body, kept) or [ast.Pass()]
+        if isinstance(node, ast.Try | ast.TryStar) and not node.handlers and not node.finalbody:
+            node.finalbody = [ast.Pass()]  # ``try:`` needs an ``except`` or a ``finally``
         for case in getattr(node, "cases", ()):
             case.body = _clean(case.body, kept) or [ast.Pass()]
         left.append(node)
@@ -521,11 +523,18 @@ def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None]
         receiver, params = uses[0].value.id, params[1:]
         same_class = (isinstance(scope, ast.FunctionDef) and parents.get(id(scope)) is cls
                       and scope.args.args and scope.args.args[0].arg == receiver)
-        if not func.args.args or (not same_class and (
+        if not func.args.args or uses[0] not in list(ast.walk(tree)) or (not same_class and (
                 isinstance(scope, ast.ClassDef | ast.Lambda)
                 or any(isinstance(n, ast.Name) and n.id in ("super", "__class__") for n in ast.walk(func))
                 or any(isinstance(n, ast.Attribute) and n.attr.startswith("__") for n in ast.walk(func)))):
-            return None
+            return None  # another file (its imports differ), or the class cell is needed
+        if not same_class:  # the receiver must be an instance made here: ``obj = Class(...)``
+            made = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == receiver
+                    and not isinstance(n.ctx, ast.Load)]
+            value = getattr(parents.get(id(made[0])), "value", None) if len(made) == 1 else None
+            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                    and value.func.id == cls.name):
+                return None
     elif isinstance(scope, ast.ClassDef | ast.Lambda):
         return None
     # argument of each parameter
@@ -556,10 +565,9 @@ def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None]
     local = _bound(scope) if not isinstance(scope, ast.Module) else set()
     if cls is None and short in local:
         return None  # the call's name is a local of the caller there, not this function
-    for node in chain:  # comprehensions and lambdas between the call and its scope
-        if node is scope:
-            break
-        if isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+    for node in chain:  # comprehensions, lambdas and enclosing functions: their names too
+        if node is not scope and isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp
+                                            | ast.GeneratorExp | ast.FunctionDef | ast.AsyncFunctionDef):
             local |= _bound(node)
     if reads_module & local:
         return None  # the caller binds a name the function reads from its module
@@ -567,10 +575,16 @@ def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None]
     expr = copy.deepcopy(body[0].value) if len(body) == 1 and isinstance(body[0], ast.Return) else None
     if expr is not None:
         counts = {p: sum(isinstance(n, ast.Name) and n.id == p for n in ast.walk(expr)) for p in params}
+        deferred = {n.id for d in ast.walk(expr) if isinstance(d, ast.Lambda | ast.ListComp | ast.SetComp
+                                                                  | ast.DictComp | ast.GeneratorExp)
+                    for n in ast.walk(d) if isinstance(n, ast.Name)}
         if _bound(expr) & (set(params) | set().union(*(_names(v) for v in values.values()))) or \
+                any(isinstance(n, ast.NamedExpr) for n in ast.walk(expr)) or \
+                any(p in deferred and not isinstance(values[p], ast.Constant) for p in params) or \
                 any(counts[p] > 1 and not isinstance(values[p], ast.Name | ast.Constant) for p in params):
-            expr = None  # a comprehension or lambda in it would capture an argument's names, or
-            # an argument would be computed twice: as statements instead
+            expr = None  # a comprehension or lambda in it would capture an argument's names or run
+            # it at another time, a walrus would bind in the caller, or an argument would be
+            # computed twice: as statements instead
     if expr is not None:
         new = _substitute(expr, values)
         holder = parents[id(call)]
@@ -611,8 +625,23 @@ def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None]
         getattr(container, field)[index:index + 1] = new_body or [ast.Pass()]
     owner = cls or tree
     owner.body = [n for n in owner.body if n is not func] or [ast.Pass()]
-    return {n: ast.unparse(ast.fix_missing_locations(trees[n])) if n in trees else s
-            for n, s in files.items()}
+    return _unparsed(files, trees)
+
+
+def _unparsed(files: dict[str, str | None], trees: dict[str, ast.Module]) -> dict[str, str | None] | None:
+    """The changed trees as source; None when one is no program (Python 3.11 cannot write a
+    backslash inside an f-string's braces, where a moved constant may land)."""
+    out = {}
+    for name, source in files.items():
+        if name not in trees:
+            out[name] = source
+            continue
+        try:
+            out[name] = ast.unparse(ast.fix_missing_locations(trees[name]))
+            compile(out[name], name, "exec")
+        except (ValueError, SyntaxError):
+            return None
+    return out
 
 
 def _ancestors(node: ast.AST, parents: dict[int, ast.AST]) -> list[ast.AST]:
@@ -741,11 +770,18 @@ def _single_use(tree: ast.Module, scope: ast.AST, parents: dict[int, ast.AST], o
             continue  # read before it is bound (a loop), or in its own value
         pure = isinstance(assign.value, ast.Name | ast.Constant)
         after, before = (assign.end_lineno, assign.end_col_offset), (use.lineno, use.col_offset)
+        if pure:  # a name moved into a loop must not be bound again anywhere after it
+            before = (10 ** 9, 0)
         if any(after < (s.lineno, s.col_offset) < before
                for r in _reads(assign.value) for s in stores.get(r, ()) if hasattr(s, "lineno")):
             continue  # a name its value reads is bound again before the read
         chain = _ancestors(use, parents)
         outer = _ancestors(assign, parents)
+        if parents.get(id(assign)) not in chain:
+            continue  # out of its block (a loop, a with, a try, an if): it may run another number of times
+        if any(isinstance(n, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp)
+               and _bound(n) & _reads(assign.value) for n in chain[:chain.index(scope)]):
+            continue  # a comprehension or lambda around the read binds a name the value reads
         if not pure and any(_repeats(n, use) and not any(a is n for a in outer)
                             for n in chain[:chain.index(scope)]):
             continue  # the value would be computed at every turn of a loop
@@ -811,7 +847,7 @@ def _fold_literal_subscript(node: ast.AST, parents: dict[int, ast.AST]) -> None:
     """``{"k": v, ...}["k"]`` (a dict literal just moved into a subscript) -> ``v``."""
     holder = parents.get(id(node))
     if isinstance(node, ast.Dict) and isinstance(holder, ast.Subscript) and holder.value is node \
-            and isinstance(holder.slice, ast.Constant) \
+            and isinstance(holder.ctx, ast.Load) and isinstance(holder.slice, ast.Constant) \
             and all(isinstance(k, ast.Constant) for k in node.keys):
         values = [v for k, v in zip(node.keys, node.values, strict=True) if k.value == holder.slice.value]
         if values:
@@ -836,18 +872,23 @@ def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None 
                 others |= {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute)}
                 others |= {a.asname or a.name for n in ast.walk(ast.parse(src))
                            if isinstance(n, ast.ImportFrom) for a in n.names}
-        changed = True
+        changed, refused, shaped = True, set(), False
         while changed:
             changed = False
             tree = ast.parse(out[file])
-            if not only and (_split_tuples(tree) or _merge_appends(tree)):
-                out[file], changed = ast.unparse(ast.fix_missing_locations(tree)), True
+            if not only and not shaped and (_split_tuples(tree) or _merge_appends(tree)):
+                written = _unparsed({file: out[file]}, {file: tree})
+                if written:
+                    out[file], changed = written[file], True
+                else:
+                    shaped, changed = True, True  # leave the shapes as they are
                 continue
             parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
             for scope in _scopes(tree):
                 outside = others if scope is tree else set()
                 for assign, use in _single_use(tree, scope, parents, outside):
-                    if only and assign.targets[0].id != only[1]:
+                    name = assign.targets[0].id
+                    if (only and name != only[1]) or (getattr(scope, "lineno", 0), name) in refused:
                         continue
                     if use is not None:
                         _replace_child(parents[id(use)], use, assign.value)
@@ -855,14 +896,19 @@ def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None 
                         _fold_literal_subscript(assign.value, parents)
                     container, field, index = _position(assign, parents)
                     del getattr(container, field)[index]
-                    if not getattr(container, field) and field in ("body",):
+                    if not getattr(container, field) and (
+                            field == "body" or (field == "finalbody" and not container.handlers)):
                         getattr(container, field).append(ast.Pass())
                     changed = True
                     break
                 if changed:
                     break
             if changed:
-                out[file] = ast.unparse(ast.fix_missing_locations(tree))
+                written = _unparsed({file: out[file]}, {file: tree})
+                if written:
+                    out[file] = written[file]
+                else:  # no program (a backslash moved into an f-string): that one stays
+                    refused.add((getattr(scope, "lineno", 0), name))  # same source: same lines
     return out
 
 
@@ -926,10 +972,12 @@ def flatten_submodule(files: dict[str, str | None], name: str) -> dict[str, str 
         return None
     first = body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and \
-            isinstance(first.value.func, ast.Attribute) and first.value.func.attr == "__init__":
+            isinstance(first.value.func, ast.Attribute) and first.value.func.attr == "__init__" \
+            and not first.value.args and not first.value.keywords:
         body = body[1:]  # super().__init__(): the owner has made its own
-    if any(isinstance(n, ast.Name) and n.id in ("super", "__class__") for s in body for n in ast.walk(s)):
-        return None
+    if any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
+           for part in [*body, forward] for n in ast.walk(part)):
+        return None  # the base class's own code is used: not ours to flatten
     attrs, plain = _self_attrs(init)
     used, plain_forward = _self_attrs(forward)
     reads = {n.attr for m in (init, forward) for n in ast.walk(m) if isinstance(n, ast.Attribute)
@@ -1003,8 +1051,7 @@ def flatten_submodule(files: dict[str, str | None], name: str) -> dict[str, str 
     for r in refs:
         r.attr = f"{attr}_forward"
     tree.body = [n for n in tree.body if n is not cls]
-    return {n: ast.unparse(ast.fix_missing_locations(trees[n])) if n in trees else s
-            for n, s in files.items()}
+    return _unparsed(files, trees)
 
 
 def _returns(func: ast.FunctionDef) -> bool:
