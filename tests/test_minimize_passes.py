@@ -432,6 +432,8 @@ def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(ch
     "def main():\n    print(1)\ntry:\n    main()\nfinally:\n    0\n",
     "def f():\n    x = {'a': 1}\n    x['a'] = 2\n    del x['a']\nf()\n",
     "def main():\n    try:\n        print(1)\n    finally:\n        done = True\nmain()\n",
+    # a variable read in a match pattern
+    "import enum\nColor = enum.Enum('Color', 'RED')\nmatch 1:\n    case Color.RED:\n        print(1)\n",
 ])
 def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
     from tools.minimize_passes import (

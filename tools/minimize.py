@@ -796,6 +796,8 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
                                                                     lambda current, total: None)
                                                   .get_current_tree({}))
                     except Restart:  # the whole-program passes again, from the best so far
+                        oracle.log(f"[minimize] {RESTART_AFTER} shrinks since the whole-program passes "
+                                   "ran: running them again")
                         files = {n: oracle.best.get(n) for n in oracle.original}
                         changed = True
                         break

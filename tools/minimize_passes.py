@@ -355,23 +355,9 @@ class _Choose(ast.NodeTransformer):
 # -- inlining functions and methods with one caller ----------------------------------------
 
 def _names(node: ast.AST) -> set[str]:
-    """Every name that appears in ``node``, read or bound (names, parameters, definitions,
-    imports, ``except ... as``)."""
-    found = set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name):
-            found.add(n.id)
-        elif isinstance(n, ast.arg):
-            found.add(n.arg)
-        elif isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.add(n.name)
-        elif isinstance(n, ast.Import | ast.ImportFrom):
-            found.update((a.asname or a.name).split(".")[0] for a in n.names)
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            found.add(n.name)
-        elif isinstance(n, ast.Global | ast.Nonlocal):
-            found.update(n.names)
-    return found
+    """Every name that appears in ``node``, read or bound."""
+    declared = {name for n in ast.walk(node) if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names}
+    return _bound(node) | _reads(node) | declared
 
 
 def _bound(node: ast.AST) -> set[str]:
