@@ -3,6 +3,7 @@ recorded run, and dead definitions."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -310,7 +311,7 @@ def test_variables_read_once_move_into_their_read_and_dead_ones_go():
     assert "blocks" not in out and "width" not in out and "labels" not in out  # dead, split, moved
     assert "total = sum(data)" in out  # read in a loop: computed once as written
     assert "item * total + 2" in out  # a constant may go into a loop
-    assert "print(len(data))" in out
+    assert "print(len(data + [9]))" in out  # data bound again: its second version moved
     assert "for stage in [1, 2]:" in out  # a dict literal read once by a constant key
     runs_the_same(source, out)
     merged = "class C:\n    def m(self, trainer):\n        return trainer\nout = [1]\nout.append(2)\n" \
@@ -320,7 +321,7 @@ def test_variables_read_once_move_into_their_read_and_dead_ones_go():
     runs_the_same(merged, after)
     closure = "import os\nx = os.getpid()\ndef f():\n    return x\nprint(x == f())\n"
     assert inline_variables({"a.py": closure})["a.py"] == closure  # a function reads it too
-    rebound = "def f(a):\n    x = a\n    a = 5\n    print(x, a)\nf(1)\n"
+    rebound = "def f(a):\n    x = a\n    if a:\n        a = 5\n    print(x, a)\nf(1)\n"
     assert "x = a" in inline_variables({"a.py": rebound})["a.py"]  # its value's name is bound again
 
 
@@ -437,8 +438,11 @@ def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(ch
 ])
 def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
     from tools.minimize_passes import (
+        bind_constant_args,
         drop_noops,
         flattenable,
+        fold_literals,
+        functions_with_constant_args,
         inlinable,
         inline_all,
         inline_variables,
@@ -446,8 +450,9 @@ def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
     )
 
     files = {"a.py": source}
-    inlinable(files), flattenable(files), single_use_variables(files)
-    for out in (drop_noops(files, {}), inline_all(files), inline_variables(files)):
+    inlinable(files), flattenable(files), single_use_variables(files), functions_with_constant_args(files)
+    for out in (drop_noops(files, {}), inline_all(files), inline_variables(files), bind_constant_args(files),
+                fold_literals(files, {})):
         compile(out["a.py"], "a.py", "exec")
 
 
@@ -462,3 +467,152 @@ def test_a_variable_moves_only_where_it_means_the_same(source, moved):
 
     out = inline_variables({"a.py": source})["a.py"]
     assert (out != source) == moved, out
+
+
+BUILT = textwrap.dedent('''
+    import json
+
+    class Encoder:
+        def __init__(self, features, hidden, activation, names=("a", "b")):
+            width = features
+            for h in hidden:
+                layers = [("linear", width, h), {"relu": "R", "gelu": "G"}[activation]]
+                width = h
+            self.layers = list(*[layers])
+            self.out = width
+            self.names = names
+
+    def forward(x, scale):
+        x = x * scale
+        x = x + 1
+        x = [x, x][0]
+        return x
+
+    encoder = Encoder(16, [32], "gelu")
+    print(json.dumps([encoder.layers, encoder.out, encoder.names, forward(2, 3), forward(5, 3)]))
+''')
+
+
+def test_constant_arguments_literals_and_versions_simplify_a_program_that_does_the_same():
+    from tools.minimize_passes import (
+        bind_constant_args,
+        fold_literals,
+        functions_with_constant_args,
+        inline_variables,
+    )
+
+    files = {"a.py": BUILT}
+    assert functions_with_constant_args(files) == ["Encoder", "forward"]
+    out = bind_constant_args(files)
+    assert "def __init__(self):" in out["a.py"] and "Encoder()" in out["a.py"]  # all four bound
+    assert "def forward(x):" in out["a.py"] and "forward(2)" in out["a.py"]  # the same 3 at each call
+    runs_the_same(BUILT, out["a.py"])
+    out = fold_literals(out, {})
+    assert "for h in" not in out["a.py"] and "h = 32" in out["a.py"]  # a one-item loop unrolled
+    assert "'G']" in out["a.py"] and "'relu'" not in out["a.py"]  # a literal dict indexed by a constant
+    assert "list(layers)" in out["a.py"] and "x = x + 1" in out["a.py"]  # spread; [x, x][0] -> x
+    runs_the_same(BUILT, out["a.py"])
+    out = inline_variables(out)
+    # width is bound twice, h is a number read three times, x three times: each version moves
+    assert "width" not in out["a.py"] and " h" not in out["a.py"]
+    assert "self.out = 32" in out["a.py"] and "return x * 3 + 1" in out["a.py"]
+    runs_the_same(BUILT, out["a.py"])
+
+
+@pytest.mark.parametrize("source", [
+    # the calls pass different values; a name, not a literal; the body binds the name again
+    "def f(n):\n    print(n)\nf(1)\nf(2)\n",
+    "k = 3\ndef f(n):\n    print(n)\nf(k)\n",
+    "def f(n):\n    n = n + 1\n    print(n)\nf(1)\n",
+    # a list read twice would become two lists; passed around as a value
+    "def f(v):\n    v.append(1)\n    print(v)\nf([])\n",
+    "def f(n):\n    print(n)\nprint(list(map(f, [1])))\n",
+])
+def test_constant_arguments_are_bound_only_where_the_value_is_the_same_object(source):
+    from tools.minimize_passes import bind_constant_args
+
+    assert bind_constant_args({"a.py": source})["a.py"] == source
+
+
+@pytest.mark.parametrize(("source", "split"), [
+    ("def f(a):\n    x = a\n    x = x * 2\n    print(x)\nf(1)\n", True),
+    # read before the first assignment; bound in a branch; a closure reads it; a loop rebinds a param
+    ("def f():\n    for i in [1, 2]:\n        if i > 1:\n            print(x)\n"
+     "        x = i\n        x = 2\nf()\n", False),
+    ("def f(a):\n    x = a\n    if a:\n        x = 2\n    print(x)\nf(1)\n", False),
+    ("def f(a):\n    x = a\n    g = lambda: x\n    x = 2\n    print(g())\nf(1)\n", False),
+    ("def f(x):\n    for i in [1, 2]:\n        print(x)\n        x = i\nf(0)\n", False),
+])
+def test_a_variable_is_split_in_versions_only_in_straight_code(source, split):
+    from tools.minimize_passes import _split_versions
+
+    tree = ast.parse(source)
+    assert _split_versions(tree) == split
+    if split:
+        runs_the_same(source, ast.unparse(tree))
+
+
+FIT = textwrap.dedent('''
+    import json
+
+    class LightningDataModule:  # what Trainer.fit does with a data module, in small
+        pass
+
+    class Trainer:
+        def fit(self, model, train_dataloaders=None, datamodule=None):
+            if isinstance(train_dataloaders, LightningDataModule):
+                train_dataloaders, datamodule = None, train_dataloaders
+            if datamodule is not None:
+                getattr(datamodule, "prepare_data", lambda: None)()
+                datamodule.setup("fit")
+                train_dataloaders = datamodule.train_dataloader()
+            print(json.dumps([model, list(train_dataloaders)]))
+
+    class Data(LightningDataModule):
+        """Docstring."""
+        def __init__(self):
+            super().__init__()
+
+        def setup(self, stage=None):
+            size = 3 if stage == "fit" else 0
+            self.train_set, self.rest = list(range(size)), None
+
+        def train_dataloader(self):
+            return iter(self.train_set)
+
+    data = Data()
+    for model in ["a", "b"]:
+        Trainer().fit(model, datamodule=data)
+    Trainer().fit("c", data)
+''')
+
+
+def test_a_data_module_used_once_becomes_its_loaders_and_the_program_does_the_same():
+    from tools.minimize_passes import datamodules, loaders_for_datamodule
+
+    files = {"a.py": FIT}
+    assert datamodules(files) == ["Data"]
+    out = loaders_for_datamodule(files, "Data")["a.py"]
+    assert "class Data" not in out and "train_set, rest = (list(range(size)), None)" in out
+    assert "fit(model, train_dataloaders=iter(train_set))" in out and "fit('c', iter(train_set))" in out
+    runs_the_same(FIT, out)
+    inline = FIT.replace("data = Data()\n", "").replace("datamodule=data", "datamodule=Data()") \
+        .replace('Trainer().fit("c", data)\n', "")
+    assert "fit(model, train_dataloaders=iter(train_set))" in loaders_for_datamodule({"a.py": inline}, "Data")["a.py"]
+
+
+@pytest.mark.parametrize("change", [
+    ("    def train_dataloader(self):", "    def val_dataloader(self):\n        return 0\n\n"
+     "    def train_dataloader(self):"),  # another hook
+    ("        return iter(self.train_set)", "        return iter(self.trainer)"),  # Lightning's own state
+    ("data = Data()\n", "data = Data()\nprint(type(data).__name__)\n"),  # used as an object
+    ("data = Data()\n", "data = Data()\nsize = 1\n"),  # its local would clash
+    ("        size = 3 if", "        print(self)\n        size = 3 if"),  # self passed on
+])
+def test_a_data_module_stays_when_it_is_more_than_its_loaders(change):
+    from tools.minimize_passes import loaders_for_datamodule
+
+    source = FIT.replace(*change)
+    assert source != FIT
+    compile(source, "a.py", "exec")
+    assert loaders_for_datamodule({"a.py": source}, "Data") is None

@@ -40,6 +40,7 @@ import argparse
 import ast
 import builtins
 import difflib
+import functools
 import hashlib
 import io
 import json
@@ -58,18 +59,23 @@ from tools import contract, envs, harness, index, matrix, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
 from tools.minimize_passes import (
+    bind_constant_args,
+    datamodules,
     drop_noops,
     drop_unused,
     drop_unused_params,
     flatten_submodule,
     flattenable,
     fold,
+    fold_literals,
+    functions_with_constant_args,
     functions_with_unused_params,
     inlinable,
     inline,
     inline_all,
     inline_variables,
     instrument,
+    loaders_for_datamodule,
     read_records,
     single_use_variables,
 )
@@ -847,10 +853,12 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
 def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | None]:
     """One round of the simplifying passes, each one candidate (all its changes at once), and
     when that is not interesting, its changes one by one: no-op statements, dead definitions,
-    unused parameters, sub-module classes flattened into their owner, inlined functions and
-    methods, inlined variables. A pass that fails on a program it did not foresee is skipped
-    (logged), and a candidate that does not compile is not launched: a long reduction is never
-    lost to a pass."""
+    unused parameters, constant arguments, literals, sub-module classes flattened into their
+    owner, data modules replaced by their loaders, inlined functions and methods, inlined
+    variables. A pass that fails on a program it
+    did not foresee is skipped (logged); a candidate that does not compile, or is not smaller as
+    the report counts (formatted lines, then tokens), is not launched: a long reduction is
+    never lost to a pass."""
     def usable(candidate) -> bool:
         try:
             for name, source in candidate.items():
@@ -859,6 +867,9 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
         except (SyntaxError, ValueError):
             return False
         return missing_kept(candidate, oracle.kept) is None
+
+    def smaller(candidate) -> bool:  # as the report counts: formatted lines, then tokens
+        return shown_size(candidate) < shown_size(files)
 
     def step(label, make_all, make_singles=lambda: []):
         nonlocal files
@@ -871,7 +882,7 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
         if candidate is None or candidate == files:
             return
         before = size(files)[0]
-        if usable(candidate) and oracle(candidate):
+        if usable(candidate) and smaller(candidate) and oracle(candidate):
             files = candidate
             oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines, all at once")
             return
@@ -881,7 +892,7 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
                 one = make(files)
             except Exception:  # noqa: BLE001 - as above, for this one change
                 continue
-            if one is not None and one != files and usable(one) and oracle(one):
+            if one is not None and one != files and usable(one) and smaller(one) and oracle(one):
                 files, taken = one, taken + 1
         oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines"
                    + (f", {taken} of {len(singles)} one by one" if singles else ", not interesting"))
@@ -898,14 +909,25 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
             out = flatten_submodule(out, name) or out
         return out
 
+    def loaders():
+        out = files
+        for name in datamodules(files):
+            out = loaders_for_datamodule(out, name) or out
+        return out
+
     step("no-op statements", lambda: drop_noops(files, oracle.kept),
          lambda: [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__
     step("dead definitions", lambda: drop_unused(files, oracle.kept))
     step("unused parameters", fewer_params,
          lambda: [lambda f, q=q: drop_unused(drop_unused_params(f, only=q), oracle.kept)
                   for q in functions_with_unused_params(files)])
+    step("constant arguments", lambda: bind_constant_args(files),
+         lambda: [lambda f, q=q: bind_constant_args(f, only=q) for q in functions_with_constant_args(files)])
+    step("literals", lambda: fold_literals(files, oracle.kept))
     step("flattened sub-modules", flat,
          lambda: [lambda f, n=n: flatten_submodule(f, n) for n in flattenable(files)])
+    step("data modules as loaders", loaders,
+         lambda: [lambda f, n=n: loaders_for_datamodule(f, n) for n in datamodules(files)])
     step("inlined functions", lambda: drop_unused(inline_all(files, usable), oracle.kept),
          lambda: [lambda f, q=q: drop_unused(inline(f, q) or f, oracle.kept) for q in inlinable(files)])
     step("inlined variables", lambda: inline_variables(files),
@@ -913,6 +935,7 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
     return files
 
 
+@functools.lru_cache(maxsize=4096)
 def formatted(source: str) -> str:
     """``ruff format`` of ``source`` when ruff is installed; ``source`` as it is otherwise."""
     ruff = shutil.which("ruff")
@@ -921,6 +944,12 @@ def formatted(source: str) -> str:
     proc = subprocess.run([ruff, "format", "--quiet", "--line-length", "100", "-"], input=source,
                           capture_output=True, text=True)
     return proc.stdout if proc.returncode == 0 and proc.stdout else source
+
+
+def shown_size(files: dict[str, str | None]) -> tuple[int, int]:
+    """``size`` of the files as ``minimized.py`` shows them (formatted): an inlined call that
+    makes one line too long for the formatter is three lines there, not one fewer."""
+    return size({n: formatted(s) if s else s for n, s in files.items()})
 
 
 def versions(python: Path) -> dict[str, str]:

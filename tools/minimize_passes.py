@@ -215,14 +215,10 @@ def _reads(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def drop_unused_params(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
-    """The files without the parameters a module-level function (or a class's ``__init__``)
-    never reads, and without the arguments every call passes to them (all its uses must be
-    direct calls by name, none with ``*`` or ``**``). A deletion reducer cannot do this: dropping
-    the parameter alone, or one argument alone, makes a call that cannot bind. ``only``: that
-    function or class alone."""
-    trees = {n: ast.parse(s) for n, s in files.items() if s}
-    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+def _called_only(trees: dict[str, ast.Module], parents: dict[int, ast.AST]) -> dict[str, tuple]:
+    """Module-level functions, and classes (through their ``__init__``), defined once, with
+    plain parameters, whose every use is a direct call by name without ``*`` or ``**``:
+    name -> (the function, how many leading parameters the calls do not pass, the calls)."""
     defs: dict[str, list] = {}
     # names that are not only this module-level function: imported elsewhere, read as an
     # attribute, or also bound as a variable or parameter somewhere
@@ -237,16 +233,16 @@ def drop_unused_params(files: dict[str, str | None], only: str | None = None) ->
             if getattr(node, "decorator_list", None):
                 defs.setdefault(node.name, []).append(None)  # a decorator may call it in its own way
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                defs.setdefault(node.name, []).append((node, node.args, 0))
+                defs.setdefault(node.name, []).append((node, 0))
             elif isinstance(node, ast.ClassDef):
                 init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
-                defs.setdefault(node.name, []).append((init[0], init[0].args, 1) if init else None)
-    changed = False
-    for name, found in defs.items():
-        if len(found) != 1 or found[0] is None or (only and name != only) or name in other:
+                defs.setdefault(node.name, []).append((init[0], 1) if init else None)
+    found = {}
+    for name, defined in defs.items():
+        if len(defined) != 1 or defined[0] is None or name in other:
             continue
-        func, args, skip = found[0]
-        if args.vararg or args.kwarg or args.posonlyargs:
+        func, skip = defined[0]
+        if func.args.vararg or func.args.kwarg or func.args.posonlyargs:
             continue
         uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name
                 and not isinstance(n.ctx, ast.Store)]
@@ -256,23 +252,42 @@ def drop_unused_params(files: dict[str, str | None], only: str | None = None) ->
         if any(isinstance(a, ast.Starred) for c in calls for a in c.args) or \
                 any(k.arg is None for c in calls for k in c.keywords):
             continue
-        params = args.args[skip:]
+        found[name] = (func, skip, calls)
+    return found
+
+
+def _drop_param(func: ast.FunctionDef, skip: int, calls: list[ast.Call], i: int) -> None:
+    """The ``i``-th passed parameter gone from ``func``, and its argument from every call."""
+    args, param = func.args, func.args.args[skip + i]
+    first_default = len(args.args) - len(args.defaults)
+    if skip + i >= first_default:
+        del args.defaults[skip + i - first_default]
+    del args.args[skip + i]
+    for call in calls:
+        if len(call.args) > i:
+            del call.args[i]
+        call.keywords = [k for k in call.keywords if k.arg != param.arg]
+
+
+def drop_unused_params(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
+    """The files without the parameters a module-level function (or a class's ``__init__``)
+    never reads, and without the arguments every call passes to them (all its uses must be
+    direct calls by name, none with ``*`` or ``**``). A deletion reducer cannot do this: dropping
+    the parameter alone, or one argument alone, makes a call that cannot bind. ``only``: that
+    function or class alone."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+    changed = False
+    for name, (func, skip, calls) in _called_only(trees, parents).items():
+        if only and name != only:
+            continue
+        args = func.args
         used = _reads(ast.Module(body=func.body, type_ignores=[])) | \
             {n for d in [*args.defaults, *args.kw_defaults] if d for n in _reads(d)}
-        for i in range(len(params) - 1, -1, -1):
-            param = params[i]
-            if param.arg in used:
-                continue
-            first_default = len(args.args) - len(args.defaults)
-            position = skip + i
-            if position >= first_default:
-                del args.defaults[position - first_default]
-            del args.args[position]
-            for call in calls:
-                if len(call.args) > i:
-                    del call.args[i]
-                call.keywords = [k for k in call.keywords if k.arg != param.arg]
-            changed = True
+        for i in range(len(args.args) - skip - 1, -1, -1):
+            if args.args[skip + i].arg not in used:
+                _drop_param(func, skip, calls, i)
+                changed = True
     if not changed:
         return files
     return {n: ast.unparse(trees[n]) if n in trees else s for n, s in files.items()}
@@ -283,6 +298,169 @@ def functions_with_unused_params(files: dict[str, str | None]) -> list[str]:
     names = {n.name for s in files.values() if s for n in ast.parse(s).body
              if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
     return sorted(n for n in names if drop_unused_params(files, only=n) != files)
+
+
+# -- constant arguments and literals -------------------------------------------------------
+
+def _literal(node: ast.expr | None) -> bool:
+    """A value written out in full: a constant, or a list, tuple, set or dict of constants."""
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return node is not None
+
+
+def bind_constant_args(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
+    """The files with each parameter to which every call passes the same literal (or leaves the
+    same literal default) replaced by that literal in the function's body, and gone from the
+    definition and the calls (``Encoder(16, [32], "gelu")`` -> ``Encoder()``, the values in
+    ``__init__``): a function with one caller, the usual shape of a user's program, is then
+    simplified where its values are used. Not when the body binds the name again (anywhere,
+    nested scopes included), nor a list, dict or set read twice (two objects where there was
+    one). ``only``: that function or class alone."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
+    changed = False
+    for name, (func, skip, calls) in _called_only(trees, parents).items():
+        if (only and name != only) or not calls:
+            continue
+        args = func.args
+        inner = ast.Module(body=func.body, type_ignores=[])
+        rebound = _bound(inner) | {g for n in ast.walk(inner) if isinstance(n, ast.Global | ast.Nonlocal)
+                                   for g in n.names}
+        defaults = dict(zip([a.arg for a in args.args][::-1], args.defaults[::-1], strict=False))
+        for i in range(len(args.args) - skip - 1, -1, -1):
+            param = args.args[skip + i].arg
+            given = []
+            for call in calls:
+                keyword = [k.value for k in call.keywords if k.arg == param]
+                given.append(call.args[i] if len(call.args) > i else keyword[0] if keyword
+                             else defaults.get(param))
+            if param in rebound or not all(map(_literal, given)) or len({ast.dump(g) for g in given}) != 1:
+                continue
+            reads = sum(isinstance(n, ast.Name) and n.id == param for n in ast.walk(inner))
+            mutable = any(isinstance(n, ast.List | ast.Dict | ast.Set) for n in ast.walk(given[0]))
+            if reads > 1 and mutable:
+                continue
+            value = copy.deepcopy(given[0])
+            func.body = [_substitute(stmt, {param: value}) for stmt in func.body]
+            _drop_param(func, skip, calls, i)
+            changed = True
+    if not changed:
+        return files
+    return _unparsed(files, trees) or files
+
+
+def functions_with_constant_args(files: dict[str, str | None]) -> list[str]:
+    """The names ``bind_constant_args`` would change, one by one."""
+    names = {n.name for s in files.values() if s for n in ast.parse(s).body
+             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    return sorted(n for n in names if bind_constant_args(files, only=n) != files)
+
+
+class _Literals(ast.NodeTransformer):
+    """``{"a": x, "b": y}["b"]`` -> ``y``, ``[x, y][0]`` -> ``x``, ``f(*[x, y])`` -> ``f(x, y)``;
+    not inside the statements marked to keep."""
+
+    def __init__(self, kept: set[str]):
+        self.kept = kept
+
+    def visit(self, node):
+        return node if isinstance(node, ast.stmt) and ast.dump(node) in self.kept else super().visit(node)
+
+    def visit_Subscript(self, node):
+        self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load) or not isinstance(node.slice, ast.Constant):
+            return node
+        key, value = node.slice.value, node.value
+        if isinstance(value, ast.Dict) and None not in value.keys \
+                and all(isinstance(k, ast.Constant) for k in value.keys):
+            hits = [v for k, v in zip(value.keys, value.values, strict=True) if k.value == key]
+            return hits[-1] if hits else node
+        if isinstance(value, ast.List | ast.Tuple) and type(key) is int \
+                and not any(isinstance(e, ast.Starred) for e in value.elts) \
+                and -len(value.elts) <= key < len(value.elts):
+            return value.elts[key]
+        return node
+
+    @staticmethod
+    def _spread(items: list[ast.expr]) -> list[ast.expr]:
+        out = []
+        for item in items:
+            if isinstance(item, ast.Starred) and isinstance(item.value, ast.List | ast.Tuple):
+                out += item.value.elts
+            else:
+                out.append(item)
+        return out
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        node.args = self._spread(node.args)
+        return node
+
+    def visit_List(self, node):
+        self.generic_visit(node)
+        if isinstance(node.ctx, ast.Load):
+            node.elts = self._spread(node.elts)
+        return node
+
+    visit_Tuple = visit_List
+
+
+def _breaks(loop: ast.For) -> bool:
+    """Does a ``break`` or ``continue`` of ``loop`` itself (not of a loop inside it) appear?"""
+    todo = list(loop.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Break | ast.Continue):
+            return True
+        if not isinstance(node, LOOPS + SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _unroll(body: list[ast.stmt], kept: set[str]) -> list[ast.stmt]:
+    """``for x in [v]: ...`` (one item, no ``else``, no ``break``) -> ``x = v`` and its body;
+    not inside the statements marked to keep."""
+    out = []
+    for node in body:
+        if ast.dump(node) in kept:
+            out.append(node)
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                setattr(node, field, _unroll(inner, kept))
+        for part in [*getattr(node, "handlers", ()), *getattr(node, "cases", ())]:
+            part.body = _unroll(part.body, kept)
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.List | ast.Tuple) \
+                and len(node.iter.elts) == 1 and not isinstance(node.iter.elts[0], ast.Starred) \
+                and not node.orelse and not _breaks(node):
+            out += [ast.Assign([node.target], node.iter.elts[0]), *node.body]
+        else:
+            out.append(node)
+    return out
+
+
+def fold_literals(files: dict[str, str | None], keep: dict[str, list[str]]) -> dict[str, str | None]:
+    """The files with what a literal makes plain written plainly: a constant key or index into
+    a dict, list or tuple literal replaced by the item (``{"relu": nn.ReLU(), "gelu":
+    nn.GELU()}["gelu"]`` -> ``nn.GELU()``), a literal spread with ``*`` into a call or a list
+    written out, and a loop over a one-item literal unrolled. The other items of a literal
+    indexed this way are not built any more: the harness judges whether that matters.
+    Statements marked to keep stay."""
+    out = dict(files)
+    for name, source in files.items():
+        if not source:
+            continue
+        kept = set(keep.get(name, ()))
+        tree = _Literals(kept).visit(ast.parse(source))
+        tree.body = _unroll(tree.body, kept)
+        written = _unparsed({name: source}, {name: tree})
+        if written:
+            out[name] = written[name]
+    return out
 
 
 # -- no-op statements ----------------------------------------------------------------------
@@ -708,9 +886,10 @@ def _own(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
 
 
 def _single_use(tree: ast.Module, scope: ast.AST, parents: dict[int, ast.AST], outside: set[str]):
-    """(assignment, the read) of each variable of ``scope`` bound by one plain assignment and
-    read once after it, whose value can move to that read; (assignment, None) for one never
-    read whose value does nothing."""
+    """(assignment, its reads) of each variable of ``scope`` bound by one plain assignment and
+    read once after it (or, when its value is a number or a string, read any number of times),
+    whose value can move to those reads; (assignment, []) for one never read whose value does
+    nothing."""
     own, nested = _own(scope)
     params = set() if isinstance(scope, ast.Module | ast.ClassDef) else \
         {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
@@ -736,43 +915,52 @@ def _single_use(tree: ast.Module, scope: ast.AST, parents: dict[int, ast.AST], o
             stores.setdefault(n.name, []).append(n)
     found = []
     for name, bound in stores.items():
-        if len(bound) != 1 or len(loads.get(name, ())) > 1 or name in params | declared | outside \
-                or name in in_nested:
+        if len(bound) != 1 or name in params | declared | outside or name in in_nested:
             continue
-        target, use = bound[0], (loads.get(name) or [None])[0]
+        target, uses = bound[0], loads.get(name, [])
         assign = parents.get(id(target))
-        if use is None:  # never read: the assignment goes if its value does nothing
+        if not uses:  # never read: the assignment goes if its value does nothing
             acts = (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.Subscript,
                     ast.Attribute)
             if isinstance(assign, ast.Assign) and assign.targets == [target] \
                     and not any(isinstance(n, acts) for n in ast.walk(assign.value)):
-                found.append((assign, None))
+                found.append((assign, []))
             continue
         if not (isinstance(assign, ast.Assign) and assign.targets == [target]):
             continue
         if isinstance(assign.value, ast.Starred | ast.Yield | ast.YieldFrom | ast.Await | ast.NamedExpr):
             continue
-        if (use.lineno, use.col_offset) <= (assign.end_lineno, assign.end_col_offset):
-            continue  # read before it is bound (a loop), or in its own value
-        pure = isinstance(assign.value, ast.Name | ast.Constant)
-        after, before = (assign.end_lineno, assign.end_col_offset), (use.lineno, use.col_offset)
-        if pure:  # a name moved into a loop must not be bound again anywhere after it
-            before = (10 ** 9, 0)
-        if any(after < (s.lineno, s.col_offset) < before
-               for r in _reads(assign.value) for s in stores.get(r, ()) if hasattr(s, "lineno")):
-            continue  # a name its value reads is bound again before the read
-        chain = _ancestors(use, parents)
-        outer = _ancestors(assign, parents)
-        if parents.get(id(assign)) not in chain:
-            continue  # out of its block (a loop, a with, a try, an if): it may run another number of times
-        if any(isinstance(n, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp)
-               and _bound(n) & _reads(assign.value) for n in chain[:chain.index(scope)]):
-            continue  # a comprehension or lambda around the read binds a name the value reads
-        if not pure and any(_repeats(n, use) and not any(a is n for a in outer)
-                            for n in chain[:chain.index(scope)]):
-            continue  # the value would be computed at every turn of a loop
-        found.append((assign, use))
+        constant = _is_constant(assign.value)  # a number or a string: written at every read
+        if len(uses) > 1 and not constant:
+            continue
+        if all(_movable(assign, use, scope, stores, parents) for use in uses):
+            found.append((assign, uses))
     return found
+
+
+def _movable(assign: ast.Assign, use: ast.Name, scope: ast.AST, stores: dict[str, list],
+             parents: dict[int, ast.AST]) -> bool:
+    """Can ``assign``'s value move to ``use`` and mean the same there?"""
+    if (use.lineno, use.col_offset) <= (assign.end_lineno, assign.end_col_offset):
+        return False  # read before it is bound (a loop), or in its own value
+    pure = isinstance(assign.value, ast.Name | ast.Constant) or _is_constant(assign.value)
+    after, before = (assign.end_lineno, assign.end_col_offset), (use.lineno, use.col_offset)
+    if pure:  # a name moved into a loop must not be bound again anywhere after it
+        before = (10 ** 9, 0)
+    if any(after < (s.lineno, s.col_offset) < before
+           for r in _reads(assign.value) for s in stores.get(r, ()) if hasattr(s, "lineno")):
+        return False  # a name its value reads is bound again before the read
+    chain = _ancestors(use, parents)
+    outer = _ancestors(assign, parents)
+    if parents.get(id(assign)) not in chain:
+        return False  # out of its block (a loop, a with, a try, an if): it may run another number of times
+    if any(isinstance(n, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp)
+           and _bound(n) & _reads(assign.value) for n in chain[:chain.index(scope)]):
+        return False  # a comprehension or lambda around the read binds a name the value reads
+    if not pure and any(_repeats(n, use) and not any(a is n for a in outer)
+                        for n in chain[:chain.index(scope)]):
+        return False  # the value would be computed at every turn of a loop
+    return True
 
 
 def _scopes(tree: ast.Module) -> list[ast.AST]:
@@ -803,6 +991,81 @@ def _split_tuples(tree: ast.Module) -> bool:
             container, field, index = _position(node, parents)
             getattr(container, field)[index:index + 1] = [
                 ast.Assign([t], v) for t, v in zip(node.targets[0].elts, node.value.elts, strict=True)]
+            return True
+    return False
+
+
+def _split_versions(tree: ast.Module) -> bool:
+    """A variable of a function assigned several times in one block (``x = a(x)``, then
+    ``x = b(x)``) renamed at each assignment after the first (``x_2 = b(x)``) and at the reads
+    of that value: each version is then bound once and can move like any other. Only when every
+    binding is a plain assignment in that block (a parameter may be the first), and every read
+    is in that block after a binding (or reads the parameter outside a loop); True if any was
+    renamed."""
+    taken = _names(tree) | {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for scope in ast.walk(tree):
+        if not isinstance(scope, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        own, nested = _own(scope)
+        params = {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+        closed = {r for n in nested for r in _free_reads(n) | _reads(n)} | \
+            {g for n in own if isinstance(n, ast.Global | ast.Nonlocal) for g in n.names}
+        parents = {id(c): p for p in ast.walk(scope) for c in ast.iter_child_nodes(p)}
+        names: dict[str, list[ast.Name]] = {}
+        other_bindings = set()
+        for n in own:
+            if isinstance(n, ast.Name):
+                names.setdefault(n.id, []).append(n)
+            elif isinstance(n, ast.Import | ast.ImportFrom):
+                other_bindings |= {(a.asname or a.name).split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ExceptHandler) and n.name:
+                other_bindings.add(n.name)
+        other_bindings |= {n.name for n in nested if not isinstance(n, ast.Lambda)}
+        for name, nodes in names.items():
+            if name in closed | other_bindings:
+                continue
+            nodes.sort(key=lambda n: (n.lineno, n.col_offset))
+            stores = [n for n in nodes if not isinstance(n.ctx, ast.Load)]
+            assigns = [parents.get(id(n)) for n in stores]
+            plain = all(isinstance(a, ast.Assign) and a.targets == [n]
+                        for a, n in zip(assigns, stores, strict=True))
+            if len(stores) < 2 - (name in params) or not plain:
+                continue
+            block, field, _ = _position(assigns[0], parents)
+            body = getattr(block, field)
+            if not all(_position(a, parents)[:2] == (block, field) for a in assigns):
+                continue
+            looped = any(isinstance(n, LOOPS) for n in _ancestors(assigns[0], parents))
+            at = [next(i for i, st in enumerate(body) if st is a) for a in assigns]
+            plan: list[tuple[ast.Name, int]] = []
+            for load in (n for n in nodes if isinstance(n.ctx, ast.Load)):
+                top = next((s for s in [load, *_ancestors(load, parents)] if any(s is b for b in body)), None)
+                if top is None:
+                    plan = None
+                    break
+                j = next(i for i, st in enumerate(body) if st is top)
+                version = max((k for k, i in enumerate(at) if i < j), default=None)
+                if version is None and (name not in params or looped):
+                    plan = None
+                    break
+                plan.append((load, -1 if version is None else version))
+            if plan is None:
+                continue
+            first = 0 if name not in params else -1  # the version that keeps the name
+            renamed = {}
+            for k in range(len(stores)):
+                if k == first:
+                    continue
+                new = next(f"{name}_{i}" for i in range(2, 1000) if f"{name}_{i}" not in taken)
+                taken.add(new)
+                renamed[k] = new
+            if not renamed:
+                continue
+            for k, new in renamed.items():
+                stores[k].id = new
+            for load, version in plan:
+                if version in renamed:
+                    load.id = renamed[version]
             return True
     return False
 
@@ -843,7 +1106,8 @@ def _fold_literal_subscript(node: ast.AST, parents: dict[int, ast.AST]) -> None:
 def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None = None,
                      ) -> dict[str, str | None]:
     """The files with each variable that is bound by one plain assignment and read once moved
-    into that read (``x = build(); f(x)`` -> ``f(build())``), and without those never read
+    into that read (``x = build(); f(x)`` -> ``f(build())``), a number or a string written at
+    every read of a variable bound to it once (``h = 32``), and without those never read
     whose value does nothing (no call, attribute or subscript); only ``(file, name)`` if given.
     First ``a, b = x, y`` is split, and ``x = [...]`` followed by ``x.append(v)`` merged.
     Not when the read is inside a loop the assignment is outside of (unless the value is a
@@ -862,7 +1126,8 @@ def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None 
         while changed:
             changed = False
             tree = ast.parse(out[file])
-            if not only and not shaped and (_split_tuples(tree) or _merge_appends(tree)):
+            if not only and not shaped and (_split_tuples(tree) or _merge_appends(tree)
+                                            or _split_versions(tree)):
                 written = _unparsed({file: out[file]}, {file: tree})
                 if written:
                     out[file], changed = written[file], True
@@ -872,14 +1137,15 @@ def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None 
             parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
             for scope in _scopes(tree):
                 outside = others if scope is tree else set()
-                for assign, use in _single_use(tree, scope, parents, outside):
+                for assign, uses in _single_use(tree, scope, parents, outside):
                     name = assign.targets[0].id
                     if (only and name != only[1]) or (getattr(scope, "lineno", 0), name) in refused:
                         continue
-                    if use is not None:
-                        _replace_child(parents[id(use)], use, assign.value)
-                        parents[id(assign.value)] = parents[id(use)]
-                        _fold_literal_subscript(assign.value, parents)
+                    for use in uses:
+                        value = copy.deepcopy(assign.value) if len(uses) > 1 else assign.value
+                        _replace_child(parents[id(use)], use, value)
+                        parents[id(value)] = parents[id(use)]
+                        _fold_literal_subscript(value, parents)
                     container, field, index = _position(assign, parents)
                     del getattr(container, field)[index]
                     if not getattr(container, field) and (
@@ -1056,3 +1322,138 @@ def flattenable(files: dict[str, str | None]) -> list[str]:
     """The classes ``flatten_submodule`` can flatten into their owner."""
     names = {n.name for s in files.values() if s for n in ast.parse(s).body if isinstance(n, ast.ClassDef)}
     return sorted(n for n in names if flatten_submodule(files, n) is not None)
+
+
+# -- a Lightning data module used once, as plain data loaders -------------------------------
+
+DATA_HOOKS = ("prepare_data", "setup", "train_dataloader")
+
+
+def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str, str | None] | None:
+    """The files with the ``LightningDataModule`` subclass ``name``, made once and passed to
+    ``fit`` (``datamodule=data``, or ``fit(model, data)``), replaced by what Lightning would do
+    with it: ``prepare_data``'s and ``setup``'s bodies run before (their attributes become
+    module names: ``self.train_set`` -> ``train_set``, ``stage`` -> ``"fit"``) and
+    ``train_dataloader``'s returned loader passed as ``train_dataloaders``. Its hooks run once
+    then, not at every ``fit``: the harness judges whether that matters. None when that cannot
+    be done safely: the class has other methods or state, ``self`` is passed on, or a name
+    would change meaning."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    found = [(f, n) for f, t in trees.items() for n in t.body
+             if isinstance(n, ast.ClassDef) and n.name == name]
+    if len(found) != 1:
+        return None
+    file, cls = found[0]
+    tree = trees[file]
+    base = cls.bases[0] if len(cls.bases) == 1 else None
+    if cls.decorator_list or cls.keywords or not (
+            isinstance(base, ast.Name | ast.Attribute)
+            and getattr(base, "id", getattr(base, "attr", "")) == "LightningDataModule"):
+        return None
+    methods: dict[str, ast.FunctionDef] = {}
+    for node in cls.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if not isinstance(node, ast.FunctionDef) or node.decorator_list or node.name in methods:
+            return None
+        methods[node.name] = node
+    init = methods.pop("__init__", None)
+    if init is not None and not all(  # only ``super().__init__()`` (and its docstring)
+            isinstance(s, ast.Expr) and (isinstance(s.value, ast.Constant) or (
+                isinstance(s.value, ast.Call) and isinstance(s.value.func, ast.Attribute)
+                and s.value.func.attr == "__init__")) for s in init.body):
+        return None
+    loader = methods.get("train_dataloader")
+    if not loader or not set(methods) <= set(DATA_HOOKS):
+        return None
+    body = _plain_body(loader)
+    if not (body and len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None):
+        return None
+    hooks = [methods[h] for h in DATA_HOOKS[:2] if h in methods]
+    stored = set()
+    moved: list[ast.stmt] = []
+    for hook in hooks:
+        inner = _plain_body(hook)
+        if inner is None or len(hook.args.args) > 2 or any(isinstance(n, ast.Return) for n in ast.walk(hook)):
+            return None
+        attrs, plain = _self_attrs(hook)
+        if not plain:
+            return None
+        stored |= attrs
+        values = {a.arg: ast.Constant("fit") for a in hook.args.args[1:]}
+        moved += [_substitute(_unself(copy.deepcopy(s), hook.args.args[0].arg), values) for s in inner]
+    read, plain = _self_attrs(loader)
+    if not plain or read:  # train_dataloader stores nothing
+        return None
+    me = loader.args.args[0].arg
+    wanted = {n.attr for n in ast.walk(loader) if isinstance(n, ast.Attribute)
+              and isinstance(n.value, ast.Name) and n.value.id == me}
+    if not wanted <= stored:
+        return None  # it reads an attribute of Lightning's own
+    value = _unself(copy.deepcopy(body[0].value), me)
+    # the one use: ``Name(...)``, assigned to a module name or passed to fit directly
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name]
+    if len(uses) != 1 or uses[0] not in list(ast.walk(tree)):
+        return None
+    call = parents.get(id(uses[0]))
+    if not (isinstance(call, ast.Call) and call.func is uses[0]):
+        return None
+    holder = parents.get(id(call))
+    if isinstance(holder, ast.Assign) and holder in tree.body and len(holder.targets) == 1 \
+            and isinstance(holder.targets[0], ast.Name):
+        var, where = holder.targets[0].id, holder
+        places = [n for n in ast.walk(tree)
+                  if isinstance(n, ast.Name) and n.id == var and n is not holder.targets[0]]
+    else:
+        var, where, places = None, next(s for s in _ancestors(call, parents) if s in tree.body), [call]
+    sites = []
+    for place in places:
+        outer = parents.get(id(place))
+        if isinstance(outer, ast.keyword) and outer.arg == "datamodule":
+            sites.append((outer, None))
+        elif isinstance(outer, ast.Call) and len(outer.args) > 1 and outer.args[1] is place \
+                and isinstance(outer.func, ast.Attribute) and outer.func.attr == "fit":
+            sites.append((outer, 1))
+        else:
+            return None
+    if not sites or any(isinstance(n, SCOPES) for p in places for n in _ancestors(p, parents)):
+        return None  # passed elsewhere, or inside a function: its names would not be module names
+    hoisted = ast.Module(body=moved, type_ignores=[])
+    own = _bound(hoisted) | _bound(value) | stored
+    elsewhere = set()  # the module names the rest of the program binds or reads
+    for node in tree.body:
+        if node is cls or (node is where and var is not None):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            elsewhere |= {node.name} | _free_reads(node)
+        else:
+            elsewhere |= _names(node)
+    if own & elsewhere or (var is not None and var in own):
+        return None
+    for site, index in sites:
+        if index is None:
+            site.arg, site.value = "train_dataloaders", copy.deepcopy(value)
+        else:
+            site.args[index] = copy.deepcopy(value)
+    at = tree.body.index(where)
+    tree.body[at:at + 1] = moved + ([] if var is not None else [where])
+    tree.body = [s for s in tree.body if s is not cls]
+    return _unparsed(files, trees)
+
+
+def _unself(node: ast.AST, me: str) -> ast.AST:
+    """``me.attr`` -> ``attr`` everywhere in ``node``."""
+    class Unself(ast.NodeTransformer):
+        def visit_Attribute(self, n):
+            self.generic_visit(n)
+            if isinstance(n.value, ast.Name) and n.value.id == me:
+                return ast.copy_location(ast.Name(n.attr, n.ctx), n)
+            return n
+    return Unself().visit(node)
+
+
+def datamodules(files: dict[str, str | None]) -> list[str]:
+    """The data modules ``loaders_for_datamodule`` can replace."""
+    names = {n.name for s in files.values() if s for n in ast.parse(s).body if isinstance(n, ast.ClassDef)}
+    return sorted(n for n in names if loaders_for_datamodule(files, n) is not None)
