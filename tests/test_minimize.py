@@ -214,7 +214,16 @@ def test_never_trades_the_bug_for_another_error(tmp_path):
     result = (out / "minimized.py").read_text()
     assert "del wrapper" in result
     assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
-    assert "skip (RuntimeError)" in (out / "report.md").read_text()  # it was tried, and refused
+    # the candidate itself, judged: refused (whether the reduction's path tried it depends on
+    # what went before it)
+    cfg = m.parse_args(quick(script, tmp_path / "judge"))
+    original = m.project_files(script)
+    oracle = m.Oracle(cfg, original, m.State(tmp_path / "judge" / "state.json"), log=lambda msg: None)
+    oracle.check_original()
+    other = {**original, "train.py": original["train.py"].replace("    del wrapper\n", "")}
+    assert OTHER in shows_source(other, tmp_path / "other")
+    assert oracle(other) is False
+    assert "skip (RuntimeError)" in oracle.stats.outcomes
 
 
 def test_the_same_message_raised_elsewhere_is_not_the_bug(tmp_path):
@@ -233,6 +242,34 @@ def test_the_same_message_raised_elsewhere_is_not_the_bug(tmp_path):
     assert any(kind.startswith("the signature raised elsewhere") for kind in oracle.stats.outcomes)
     same_place = {**original, "train.py": TRAIN.replace("    out.backward()\n", "")}
     assert oracle(same_place) is True  # still the bug, where it was
+
+
+def test_a_candidate_that_shows_the_bug_much_slower_is_refused(tmp_path):
+    # Without ``steps = 1`` the program still fails the same way, but only after 8 s: like a
+    # training program without its max_epochs, every later launch would pay for it.
+    train = """
+    import time
+    import engine
+
+    steps = 160
+    steps = 1
+    time.sleep(steps * 0.05)
+    wrapper = engine.Wrapper(None)
+    out = engine.Output(wrapper)
+    del wrapper
+    out.backward()
+    """
+    script = project(tmp_path, train=train)
+    cfg = m.parse_args(quick(script, tmp_path / "out"))
+    original = m.project_files(script)
+    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    oracle.check_original()
+    assert oracle.slow < 8
+    fast = {**original, "train.py": original["train.py"].replace("steps = 160\n", "")}
+    assert oracle(fast) is True
+    slow = {**original, "train.py": original["train.py"].replace("steps = 1\n", "")}
+    assert oracle(slow) is False
+    assert any(kind.startswith("slower") for kind in oracle.stats.outcomes), oracle.stats.outcomes
 
 
 def shows_source(files: dict, folder: Path) -> str:

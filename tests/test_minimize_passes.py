@@ -73,6 +73,37 @@ def test_values_the_original_does_not_have_are_not_folded(tmp_path):
     assert fold(source, records, m.constants(source) | {(int, int(records[0]))})[1] == 1
 
 
+def test_attributes_read_as_values_are_recorded_and_fold_like_config_reads(tmp_path):
+    source = textwrap.dedent('''
+        import os
+
+        class Encoder:
+            def __init__(self):
+                self.out_features = 16 * 2
+                self.step = 0
+
+            def grow(self):
+                self.step += 1
+                return self.step
+
+        enc = Encoder()
+        print(enc.out_features + 1, enc.grow(), enc.step, os.sep, enc.grow(), enc.step)
+        ''')
+    sink = tmp_path / "v.jsonl"
+    (tmp_path / "p.py").write_text(instrument(source, sink))
+    (tmp_path / "o.py").write_text(source)
+    before = subprocess.run([sys.executable, str(tmp_path / "o.py")], capture_output=True, text=True)
+    after = subprocess.run([sys.executable, str(tmp_path / "p.py")], capture_output=True, text=True,
+                           check=True)
+    assert after.stdout == before.stdout
+    folded, n = fold(source, read_records(sink), m.constants(source) | {(int, 32)})
+    # each site that gave one value is folded (each enc.step is read once); one that changed
+    # (self.step in grow), a method called (enc.grow) and a module's name (os.sep) are not
+    assert n == 3 and "print(32 + 1, enc.grow(), 1, os.sep, enc.grow(), 2)" in folded, folded
+    assert "return self.step" in folded
+    assert "enc.out_features" in fold(source, read_records(sink), m.constants(source))[0]  # 32 is not in it
+
+
 def test_a_read_that_changes_between_processes_is_not_folded(tmp_path):
     sink = tmp_path / "v.jsonl"
     sink.write_text('[0, "1"]\n[1, "2"]\n[0, "3"]\n[1, "2"]\n[2, nu')  # two processes, a torn line
@@ -598,7 +629,8 @@ def test_a_data_module_used_once_becomes_its_loaders_and_the_program_does_the_sa
     runs_the_same(FIT, out)
     inline = FIT.replace("data = Data()\n", "").replace("datamodule=data", "datamodule=Data()") \
         .replace('Trainer().fit("c", data)\n', "")
-    assert "fit(model, train_dataloaders=iter(train_set))" in loaders_for_datamodule({"a.py": inline}, "Data")["a.py"]
+    out = loaders_for_datamodule({"a.py": inline}, "Data")["a.py"]
+    assert "fit(model, train_dataloaders=iter(train_set))" in out
 
 
 @pytest.mark.parametrize("change", [
@@ -616,3 +648,56 @@ def test_a_data_module_stays_when_it_is_more_than_its_loaders(change):
     assert source != FIT
     compile(source, "a.py", "exec")
     assert loaders_for_datamodule({"a.py": source}, "Data") is None
+
+
+WRAPPED = textwrap.dedent('''
+    class Module:  # nn.Module, in small
+        def __call__(self, *args):
+            return self.forward(*args)
+
+    class Scale(Module):
+        def __init__(self, k):
+            self.k = k
+
+        def forward(self, x):
+            return x * self.k
+
+    class Encoder(Module):
+        """Docstring."""
+        def __init__(self):
+            super().__init__()
+            self.layers = Scale(3)
+
+        def forward(self, x):
+            return self.layers(x)
+
+    class Model(Module):
+        def __init__(self):
+            self.backbone = Encoder()
+
+        def forward(self, x):
+            return self.backbone(x) + 1
+
+    print(Model()(2))
+''')
+
+
+@pytest.mark.parametrize(("change", "unwrapped"), [
+    (None, True),
+    (("        self.layers = Scale(3)", "        self.layers = Scale(3)\n        self.width = 3"), False),
+    (("        return self.layers(x)", "        return self.layers(x) * 2"), False),
+    (("print(Model()(2))", "print(Model()(2), Encoder)"), False),  # used as a value too
+    (("        self.backbone = Encoder()", "        Scale = 1\n        self.backbone = Encoder()"),
+     False),  # a name its value reads means another thing there
+])
+def test_a_module_that_only_wraps_another_is_replaced_by_it(change, unwrapped):
+    from tools.minimize_passes import unwrap_module, wrappers
+
+    source = WRAPPED.replace(*change) if change else WRAPPED
+    assert source != WRAPPED or not change
+    out = unwrap_module({"a.py": source}, "Encoder")
+    assert (out is not None) == unwrapped
+    if unwrapped:
+        assert wrappers({"a.py": source}) == ["Encoder"]
+        assert "self.backbone = Scale(3)" in out["a.py"] and "class Encoder" not in out["a.py"]
+        runs_the_same(source, out["a.py"])

@@ -78,6 +78,8 @@ from tools.minimize_passes import (
     loaders_for_datamodule,
     read_records,
     single_use_variables,
+    unwrap_module,
+    wrappers,
 )
 from tools.preloaded import Runner
 
@@ -85,9 +87,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CELL = "pl2_6_6_torch2_13_0"
 MARK = re.compile(r"#\s*minimize:\s*keep\b")
 AUTO_RUNS = 5  # runs of the original that measure the bug's rate with --trials auto
+VALUE_SITES = "subscripts+attributes"  # what a recorded run's ids count: a resume must match it
 MAX_PASS_ROUNDS = 4  # rounds of the simplifying passes in a row
 RESTART_AFTER = 25  # improvements of the reducer between two runs of the whole-program passes
 CANDIDATE_TIMEOUT = (3, 30.0)  # a candidate's limit: this many times the original's slowest run, at least
+# an interesting candidate slower than this many times the original's slowest run, and by more
+# than these seconds, is refused: a reduction that drops ``max_epochs`` would make every later
+# launch train for Lightning's default 1000 epochs (and time out), for one line less
+SLOWER = (2, 5.0)
 
 
 class Restart(Exception):
@@ -481,6 +488,7 @@ class Oracle:
         self.shrinks = 0  # improvements that made the best smaller
         self.round_start = 0  # shrinks when the reducer's current round began
         self.timeout = cfg.timeout  # for the original; then from its duration (check_original)
+        self.slowest = self.slow = None  # the original's slowest run; the limit of an interesting one
         self.runner: Runner | None = None
         self.env = {**os.environ, "PATH": f"{cfg.python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         (cfg.out / "runs").mkdir(parents=True, exist_ok=True)
@@ -560,7 +568,7 @@ class Oracle:
         """One launch of ``files`` with their config reads recorded (``minimize_passes``): per
         file, the reads that gave one plain value every time (by site id). Kept in
         ``values.json`` by the files' key: a resumed reduction does not launch it again."""
-        key = self.key(files)
+        key = f"{self.key(files)}|{VALUE_SITES}"
         path = self.cfg.out / "values.json"
         try:
             known = json.loads(path.read_text())
@@ -623,6 +631,7 @@ class Oracle:
         if not (self.cfg.out / "best.json").exists():
             save_best(self.cfg.out, self.original)
         self.timeout = min(self.cfg.timeout, max(CANDIDATE_TIMEOUT[1], CANDIDATE_TIMEOUT[0] * slowest))
+        self.slowest, self.slow = slowest, max(SLOWER[0] * slowest, slowest + SLOWER[1])
         self.rate = bad / runs
         if self.cfg.trials == "auto":
             self.trials = trials_for(self.rate)
@@ -655,6 +664,10 @@ class Oracle:
         answers = self.run_trials(files, self.trials, fresh=self.cfg.fresh_process)
         interesting = any(ok for ok, *_ in answers)
         reason = next((why for ok, why, _ in answers if ok == interesting), "")
+        each = (time.monotonic() - start) / max(1, len(answers))
+        if interesting and self.slow is not None and each > self.slow:
+            interesting, reason = False, (f"slower: bad, but in {each:.0f} s, where the original took "
+                                          f"{self.slowest:.0f} s")
         if interesting or all(final for *_, final in answers):
             self.state.put(key, {"verdict": "bad" if interesting else "skip",
                                  "codes": [1 if ok else 0 for ok, *_ in answers],
@@ -823,17 +836,21 @@ def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
     coarse, oracle.coarse = oracle.coarse, False  # folding changes statements: judged as a whole
     try:
         records = oracle.record_values(files)
-        counts = {n: fold(files[n], records[n], allowed)[1] for n in records}
+        free = {n: {i for i, node in enumerate(ast.parse(files[n]).body)  # none marked to keep inside
+                    if not any(ast.dump(x) in oracle.kept.get(n, ()) for x in ast.walk(node)
+                               if isinstance(x, ast.stmt))} for n in records}
+        counts = {n: fold(files[n], records[n], allowed, within=free[n])[1] for n in records}
         if sum(counts.values()):
-            oracle.log(f"[minimize] value folding: {sum(counts.values())} config reads always gave "
-                       "one value; trying them as literals")
-            candidate = {**files, **{n: fold(files[n], records[n], allowed)[0] for n in records}}
+            oracle.log(f"[minimize] value folding: {sum(counts.values())} config reads and attributes "
+                       "always gave one value; trying them as literals")
+            candidate = {**files, **{n: fold(files[n], records[n], allowed, within=free[n])[0]
+                                     for n in records}}
             if oracle(candidate):
                 files = candidate
             else:
                 for name in counts:
                     chosen: set[int] = set()
-                    for i in range(len(ast.parse(files[name]).body)):
+                    for i in sorted(free[name]):
                         source, n = fold(files[name], records[name], allowed, within=chosen | {i})
                         if n > fold(files[name], records[name], allowed, within=chosen)[1] \
                                 and oracle({**files, name: source}):
@@ -854,8 +871,8 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
     """One round of the simplifying passes, each one candidate (all its changes at once), and
     when that is not interesting, its changes one by one: no-op statements, dead definitions,
     unused parameters, constant arguments, literals, sub-module classes flattened into their
-    owner, data modules replaced by their loaders, inlined functions and methods, inlined
-    variables. A pass that fails on a program it
+    owner, data modules replaced by their loaders, wrapper modules by what they wrap, inlined
+    functions and methods, inlined variables. A pass that fails on a program it
     did not foresee is skipped (logged); a candidate that does not compile, or is not smaller as
     the report counts (formatted lines, then tokens), is not launched: a long reduction is
     never lost to a pass."""
@@ -915,6 +932,12 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
             out = loaders_for_datamodule(out, name) or out
         return out
 
+    def unwrapped():
+        out = files
+        for name in wrappers(files):
+            out = unwrap_module(out, name) or out
+        return out
+
     step("no-op statements", lambda: drop_noops(files, oracle.kept),
          lambda: [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__
     step("dead definitions", lambda: drop_unused(files, oracle.kept))
@@ -928,6 +951,8 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
          lambda: [lambda f, n=n: flatten_submodule(f, n) for n in flattenable(files)])
     step("data modules as loaders", loaders,
          lambda: [lambda f, n=n: loaders_for_datamodule(f, n) for n in datamodules(files)])
+    step("wrapper modules", unwrapped,
+         lambda: [lambda f, n=n: unwrap_module(f, n) for n in wrappers(files)])
     step("inlined functions", lambda: drop_unused(inline_all(files, usable), oracle.kept),
          lambda: [lambda f, q=q: drop_unused(inline(f, q) or f, oracle.kept) for q in inlinable(files)])
     step("inlined variables", lambda: inline_variables(files),

@@ -5,8 +5,9 @@ kinds of change that a deletion reducer pays for piece by piece are proposed her
 candidate each (the harness still judges each candidate: nothing is accepted unseen):
 
 - **value folding**: a user's program reads most of its numbers and names through a config
-  (``cfg["data"]["batch_size"]``, the hydra style). The program is run once with every
-  subscript by a constant key recorded (``instrument``); a subscript that gave one and the same
+  (``cfg["data"]["batch_size"]``, the hydra style) or its objects' attributes
+  (``self.backbone.out_features``). The program is run once with every subscript by a constant
+  key, and every attribute read as a value, recorded (``instrument``); a read that gave one and the same
   plain value (a number, a string, a bool, None, a short list or tuple of those) every time, in
   every process, is replaced by that value (``fold``). The config entries then become dead, and
   go with the next pass.
@@ -18,6 +19,11 @@ candidate each (the harness still judges each candidate: nothing is accepted uns
 - **inlining**: a function or method with one caller pasted there (``inline``), and a variable
   read once moved into its read (``inline_variables``). Both refuse whenever a name could
   change meaning; what they cannot see (an evaluation order that matters) the harness judges.
+- **constants**: a literal every call passes bound into the function (``bind_constant_args``),
+  and what a literal makes plain written plainly (``fold_literals``).
+- **Lightning's shapes**: a sub-module class flattened into its owner (``flatten_submodule``),
+  a data module used once replaced by its loaders (``loaders_for_datamodule``), a module that
+  only wraps another replaced by it (``unwrap_module``).
 """
 
 from __future__ import annotations
@@ -32,25 +38,48 @@ SCALARS = (int, float, str, bool, type(None))
 MAX_ITEMS = 8  # a list or tuple longer than this is not folded (it would only add lines)
 
 
-def fold_sites(tree: ast.AST) -> list[ast.Subscript]:
-    """Subscripts read with a constant key, in a fixed order (the record's ids)."""
+def fold_sites(tree: ast.AST) -> list[ast.Subscript | ast.Attribute]:
+    """Subscripts read with a constant key, and the last attribute of a chain read as a value
+    (``self.backbone.out_features``; not a method called, not a module's name, not a part of a
+    longer chain), in a fixed order (the record's ids)."""
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+
+    def root(node):
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node
+
+    def value_read(n):
+        holder = parents.get(id(n))
+        base = root(n)
+        return isinstance(n.ctx, ast.Load) and not isinstance(holder, ast.Attribute | ast.Subscript) \
+            and not (isinstance(holder, ast.Call) and holder.func is n) \
+            and isinstance(base, ast.Name) and base.id not in imported
+
     return [n for n in ast.walk(tree)
-            if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load)
-            and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str | int)]
+            if (isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load)
+                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str | int))
+            or (isinstance(n, ast.Attribute) and value_read(n))]
 
 
 def _prelude(sink: Path) -> list[ast.stmt]:
     code = f"""
 def {RECORDER}(i, v, _seen={{}}, _path={str(sink)!r}):
+    if i in _seen and _seen[i] is None:
+        return v
     import json as _json
-    try:
-        text = repr(v)
-        plain = __import__('ast').literal_eval(text) == v and type(v) in (int, float, str, bool,
-                                                                        type(None), list, tuple)
-    except Exception:
-        text, plain = None, False
-    key = text if plain else None
-    if i in _seen and _seen[i] in (key, None):
+    scalars = (int, float, str, bool, type(None))
+    key = None
+    if type(v) in scalars or (type(v) in (list, tuple) and len(v) <= 8
+                              and all(type(x) in scalars for x in v)):
+        try:
+            text = repr(v)
+            key = text if __import__('ast').literal_eval(text) == v else None
+        except Exception:
+            pass
+    if i in _seen and _seen[i] == key:
         return v
     _seen[i] = key if i not in _seen else None
     with open(_path, 'a') as out:
@@ -72,6 +101,8 @@ def instrument(source: str, sink: Path) -> str:
             if id(node) in sites:
                 return ast.Call(ast.Name(RECORDER, ast.Load()), [ast.Constant(sites[id(node)]), node], [])
             return node
+
+        visit_Attribute = visit_Subscript
 
     tree = Wrap().visit(tree)
     body = tree.body
@@ -123,6 +154,9 @@ def fold(source: str, records: dict[int, str], allowed: set,
     folded = 0
 
     class Fold(ast.NodeTransformer):
+        def visit_Attribute(self, node):
+            return self.visit_Subscript(node)
+
         def visit_Subscript(self, node):
             i = sites.get(id(node))
             if i is not None and i in records:
@@ -1457,3 +1491,73 @@ def datamodules(files: dict[str, str | None]) -> list[str]:
     """The data modules ``loaders_for_datamodule`` can replace."""
     names = {n.name for s in files.values() if s for n in ast.parse(s).body if isinstance(n, ast.ClassDef)}
     return sorted(n for n in names if loaders_for_datamodule(files, n) is not None)
+
+
+# -- a module class that only wraps another ------------------------------------------------
+
+def unwrap_module(files: dict[str, str | None], name: str) -> dict[str, str | None] | None:
+    """The files with the class ``name`` (the ``nn.Module`` shape: ``__init__`` stores one
+    attribute, ``forward`` returns it called on forward's own arguments), made once as
+    ``name()``, replaced there by what it wraps (``Encoder()`` -> ``nn.Sequential(...)``):
+    the owner keeps its attribute (``self.backbone``, which a callback may read), one level
+    less deep. None when it does anything more, or a name would change meaning."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    found = [(f, n) for f, t in trees.items() for n in t.body
+             if isinstance(n, ast.ClassDef) and n.name == name]
+    if len(found) != 1:
+        return None
+    file, cls = found[0]
+    tree = trees[file]
+    body = [n for n in cls.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    methods = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+    if cls.decorator_list or cls.keywords or len(body) != 2 or set(methods) != {"__init__", "forward"}:
+        return None
+    init, forward = methods["__init__"], methods["forward"]
+    if any(m.decorator_list or m.args.vararg or m.args.kwarg or m.args.kwonlyargs or m.args.posonlyargs
+           or m.args.defaults or not m.args.args for m in (init, forward)) or len(init.args.args) != 1:
+        return None
+    me = init.args.args[0].arg
+    stmts = _plain_body(init) or []
+    if stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Call) \
+            and isinstance(stmts[0].value.func, ast.Attribute) and stmts[0].value.func.attr == "__init__":
+        stmts = stmts[1:]  # super().__init__()
+    if len(stmts) != 1 or not isinstance(stmts[0], ast.Assign) or len(stmts[0].targets) != 1:
+        return None
+    target, value = stmts[0].targets[0], stmts[0].value
+    if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+            and target.value.id == me):
+        return None
+    if me in _reads(value) or any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
+                                  for n in ast.walk(value)):
+        return None
+    fme, fparams = forward.args.args[0].arg, [a.arg for a in forward.args.args[1:]]
+    ret = forward.body[-1] if len(_plain_body(forward) or []) == 1 else None
+    call = ret.value if isinstance(ret, ast.Return) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr == target.attr and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == fme and not call.keywords
+            and [getattr(a, "id", None) for a in call.args] == fparams):
+        return None
+    uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name]
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    if len(uses) != 1 or uses[0] not in list(ast.walk(tree)) or any(
+            isinstance(n, ast.Constant) and n.value == name for t in trees.values() for n in ast.walk(t)):
+        return None
+    made = parents.get(id(uses[0]))
+    if not (isinstance(made, ast.Call) and made.func is uses[0] and not made.args and not made.keywords):
+        return None
+    local = set()
+    for node in _ancestors(made, parents):  # what the places around the call bind
+        if isinstance(node, SCOPES + (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            local |= _bound(node) - ({node.name} if hasattr(node, "name") else set())
+    if _reads(value) & local:
+        return None
+    _replace_child(parents[id(made)], made, copy.deepcopy(value))
+    tree.body = [n for n in tree.body if n is not cls]
+    return _unparsed(files, trees)
+
+
+def wrappers(files: dict[str, str | None]) -> list[str]:
+    """The classes ``unwrap_module`` can replace by what they wrap."""
+    names = {n.name for s in files.values() if s for n in ast.parse(s).body if isinstance(n, ast.ClassDef)}
+    return sorted(n for n in names if unwrap_module(files, n) is not None)
