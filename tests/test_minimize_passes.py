@@ -492,6 +492,8 @@ def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
     ("total = 0\nstart = total\nfor v in [1, 2]:\n    print(start)\n    total += v\n", False),
     ("i = 10\nn = i * 1\nprint([n for i in range(3)])\n", False),  # a comprehension's own i
     ("import os\nn = os.getpid()\nprint(n)\n", True),
+    ("def f(v):\n    x = 1\n    match v:\n        case [x]:\n            pass\n    return x\nprint(f([5]))\n",
+     False),  # a ``case`` pattern binds it again
 ])
 def test_a_variable_moves_only_where_it_means_the_same(source, moved):
     from tools.minimize_passes import inline_variables
@@ -558,6 +560,12 @@ def test_constant_arguments_literals_and_versions_simplify_a_program_that_does_t
     # a list read twice would become two lists; passed around as a value
     "def f(v):\n    v.append(1)\n    print(v)\nf([])\n",
     "def f(n):\n    print(n)\nprint(list(map(f, [1])))\n",
+    # a shared mutable default; one read, in a loop; a function that reads its own arguments
+    "def f(k, cache={}):\n    return cache.setdefault(k, object())\nprint(f(1) is f(1), f(2) is f(1))\n",
+    "def f(seen):\n    return [seen.setdefault(c, i) for i, c in enumerate('aba')]\nprint(f({}))\n",
+    "class M:\n    def __init__(self, lr=0.1):\n        self.save_hyperparameters()\nM(lr=0.01)\n",
+    # a ``case`` pattern binds the parameter again
+    "def f(x):\n    match [9]:\n        case [x]:\n            pass\n    return x\nprint(f(1))\n",
 ])
 def test_constant_arguments_are_bound_only_where_the_value_is_the_same_object(source):
     from tools.minimize_passes import bind_constant_args
@@ -573,6 +581,11 @@ def test_constant_arguments_are_bound_only_where_the_value_is_the_same_object(so
     ("def f(a):\n    x = a\n    if a:\n        x = 2\n    print(x)\nf(1)\n", False),
     ("def f(a):\n    x = a\n    g = lambda: x\n    x = 2\n    print(g())\nf(1)\n", False),
     ("def f(x):\n    for i in [1, 2]:\n        print(x)\n        x = i\nf(0)\n", False),
+    # a nested function writes it (nonlocal); a ``case`` pattern binds it
+    ("def f():\n    x = 1\n    x = 2\n    def g():\n        nonlocal x\n        x = 3\n    g()\n"
+     "    print(x)\nf()\n", False),
+    ("def f(v):\n    x = 1\n    print(x)\n    x = 2\n    match v:\n        case [x]:\n            pass\n"
+     "    print(x)\nf([5])\n", False),
 ])
 def test_a_variable_is_split_in_versions_only_in_straight_code(source, split):
     from tools.minimize_passes import _split_versions
@@ -637,6 +650,9 @@ def test_a_data_module_used_once_becomes_its_loaders_and_the_program_does_the_sa
     ("    def train_dataloader(self):", "    def val_dataloader(self):\n        return 0\n\n"
      "    def train_dataloader(self):"),  # another hook
     ("        return iter(self.train_set)", "        return iter(self.trainer)"),  # Lightning's own state
+    ("        size = 3 if", "        print(self.hparams)\n        size = 3 if"),  # in setup too
+    ("        size = 3 if", "        pick = lambda stage: stage\n        size = 3 if"),  # another stage
+    ("        size = 3 if", "        super().prepare_data()\n        size = 3 if"),  # its base's hook
     ("data = Data()\n", "data = Data()\nprint(type(data).__name__)\n"),  # used as an object
     ("data = Data()\n", "data = Data()\nsize = 1\n"),  # its local would clash
     ("        size = 3 if", "        print(self)\n        size = 3 if"),  # self passed on
@@ -687,6 +703,7 @@ WRAPPED = textwrap.dedent('''
     (("        self.layers = Scale(3)", "        self.layers = Scale(3)\n        self.width = 3"), False),
     (("        return self.layers(x)", "        return self.layers(x) * 2"), False),
     (("print(Model()(2))", "print(Model()(2), Encoder)"), False),  # used as a value too
+    (("class Encoder(Module):", "class Encoder(Scale):"), False),  # its base may do more
     (("        self.backbone = Encoder()", "        Scale = 1\n        self.backbone = Encoder()"),
      False),  # a name its value reads means another thing there
 ])
@@ -701,3 +718,33 @@ def test_a_module_that_only_wraps_another_is_replaced_by_it(change, unwrapped):
         assert wrappers({"a.py": source}) == ["Encoder"]
         assert "self.backbone = Scale(3)" in out["a.py"] and "class Encoder" not in out["a.py"]
         runs_the_same(source, out["a.py"])
+
+
+def test_a_loop_over_one_item_is_not_unrolled_when_an_inner_loop_breaks_out_of_it():
+    from tools.minimize_passes import fold_literals
+
+    source = "for i in range(2):\n    for x in [1]:\n        for y in []:\n            pass\n" \
+        "        else:\n            break\n    print('after', i)\n"
+    out = fold_literals({"a.py": source}, {})["a.py"]
+    assert "for x in [1]" in out
+    runs_the_same(source, out)
+
+
+def test_attributes_in_case_patterns_are_not_recorded(tmp_path):
+    source = textwrap.dedent('''
+        import enum
+
+        class Mode(enum.Enum):
+            TRAIN = 1
+
+        class Box:
+            size = 3
+
+        match Mode.TRAIN:
+            case Mode.TRAIN:
+                print("train", Box.size)
+        ''')
+    sink = tmp_path / "v.jsonl"
+    (tmp_path / "p.py").write_text(instrument(source, sink))
+    after = subprocess.run([sys.executable, str(tmp_path / "p.py")], capture_output=True, text=True)
+    assert after.returncode == 0 and after.stdout == "train 3\n", after.stderr

@@ -54,7 +54,8 @@ def fold_sites(tree: ast.AST) -> list[ast.Subscript | ast.Attribute]:
     def value_read(n):
         holder = parents.get(id(n))
         base = root(n)
-        return isinstance(n.ctx, ast.Load) and not isinstance(holder, ast.Attribute | ast.Subscript) \
+        return isinstance(n.ctx, ast.Load) and not isinstance(holder, ast.Attribute | ast.Subscript
+                                                                 | ast.pattern) \
             and not (isinstance(holder, ast.Call) and holder.func is n) \
             and isinstance(base, ast.Name) and base.id not in imported
 
@@ -76,6 +77,8 @@ def {RECORDER}(i, v, _seen={{}}, _path={str(sink)!r}):
                               and all(type(x) in scalars for x in v)):
         try:
             text = repr(v)
+            if i in _seen and _seen[i] == text:
+                return v
             key = text if __import__('ast').literal_eval(text) == v else None
         except Exception:
             pass
@@ -249,6 +252,9 @@ def _reads(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
+FRAME_READERS = {"save_hyperparameters", "locals", "vars", "inspect", "currentframe", "_getframe"}
+
+
 def _called_only(trees: dict[str, ast.Module], parents: dict[int, ast.AST]) -> dict[str, tuple]:
     """Module-level functions, and classes (through their ``__init__``), defined once, with
     plain parameters, whose every use is a direct call by name without ``*`` or ``**``:
@@ -286,6 +292,9 @@ def _called_only(trees: dict[str, ast.Module], parents: dict[int, ast.AST]) -> d
         if any(isinstance(a, ast.Starred) for c in calls for a in c.args) or \
                 any(k.arg is None for c in calls for k in c.keywords):
             continue
+        if any(isinstance(n, ast.Name | ast.Attribute) and getattr(n, "id", getattr(n, "attr", None))
+               in FRAME_READERS for n in ast.walk(func)):
+            continue  # it reads its own arguments by name (Lightning's ``save_hyperparameters()``)
         found[name] = (func, skip, calls)
     return found
 
@@ -373,10 +382,14 @@ def bind_constant_args(files: dict[str, str | None], only: str | None = None) ->
                              else defaults.get(param))
             if param in rebound or not all(map(_literal, given)) or len({ast.dump(g) for g in given}) != 1:
                 continue
-            reads = sum(isinstance(n, ast.Name) and n.id == param for n in ast.walk(inner))
+            uses = [n for n in ast.walk(inner) if isinstance(n, ast.Name) and n.id == param]
             mutable = any(isinstance(n, ast.List | ast.Dict | ast.Set) for n in ast.walk(given[0]))
-            if reads > 1 and mutable:
-                continue
+            if mutable:  # one list where there was one: not a shared default, not rebuilt in a loop
+                around = _ancestors(uses[0], parents) if uses else [func]
+                around = around[:next(i for i, n in enumerate(around) if n is func)]
+                if len(uses) > 1 or param in defaults or any(
+                        _repeats(n, uses[0]) or isinstance(n, SCOPES) for n in around):
+                    continue
             value = copy.deepcopy(given[0])
             func.body = [_substitute(stmt, {param: value}) for stmt in func.body]
             _drop_param(func, skip, calls, i)
@@ -449,7 +462,9 @@ def _breaks(loop: ast.For) -> bool:
         node = todo.pop()
         if isinstance(node, ast.Break | ast.Continue):
             return True
-        if not isinstance(node, LOOPS + SCOPES):
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While):
+            todo.extend(node.orelse)  # a break in an inner loop's ``else`` is the outer loop's
+        elif not isinstance(node, LOOPS + SCOPES):
             todo.extend(ast.iter_child_nodes(node))
     return False
 
@@ -586,7 +601,17 @@ def _bound(node: ast.AST) -> set[str]:
             found.update((a.asname or a.name).split(".")[0] for a in n.names)
         elif isinstance(n, ast.ExceptHandler) and n.name:
             found.add(n.name)
+        elif isinstance(n, ast.MatchAs | ast.MatchStar) and n.name:
+            found.add(n.name)  # a name a ``case`` pattern captures
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            found.add(n.rest)
     return found
+
+
+def _captured(nodes) -> set[str]:
+    """The names the ``case`` patterns among ``nodes`` capture."""
+    return {x for n in nodes if isinstance(n, ast.MatchAs | ast.MatchStar | ast.MatchMapping)
+            for x in [getattr(n, "name", None), getattr(n, "rest", None)] if x}
 
 
 def _free_reads(node: ast.AST) -> set[str]:
@@ -934,7 +959,8 @@ def _single_use(tree: ast.Module, scope: ast.AST, parents: dict[int, ast.AST], o
                                        for name in g.names}
         if isinstance(n, ast.Lambda):
             in_nested |= _reads(n.body) - _bound(n)
-    declared = {name for n in own if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names}
+    declared = {name for n in own if isinstance(n, ast.Global | ast.Nonlocal) for name in n.names} | \
+        _captured(own)  # a ``case`` pattern binds it too: not one plain assignment
     stores: dict[str, list] = {}
     loads: dict[str, list] = {}
     for n in own:
@@ -1043,7 +1069,8 @@ def _split_versions(tree: ast.Module) -> bool:
         own, nested = _own(scope)
         params = {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
         closed = {r for n in nested for r in _free_reads(n) | _reads(n)} | \
-            {g for n in own if isinstance(n, ast.Global | ast.Nonlocal) for g in n.names}
+            {g for n in [*own, *(x for m in nested for x in ast.walk(m))]  # a nested nonlocal writes it
+             if isinstance(n, ast.Global | ast.Nonlocal) for g in n.names}
         parents = {id(c): p for p in ast.walk(scope) for c in ast.iter_child_nodes(p)}
         names: dict[str, list[ast.Name]] = {}
         other_bindings = set()
@@ -1054,7 +1081,7 @@ def _split_versions(tree: ast.Module) -> bool:
                 other_bindings |= {(a.asname or a.name).split(".")[0] for a in n.names}
             elif isinstance(n, ast.ExceptHandler) and n.name:
                 other_bindings.add(n.name)
-        other_bindings |= {n.name for n in nested if not isinstance(n, ast.Lambda)}
+        other_bindings |= {n.name for n in nested if not isinstance(n, ast.Lambda)} | _captured(own)
         for name, nodes in names.items():
             if name in closed | other_bindings:
                 continue
@@ -1406,10 +1433,15 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
     hooks = [methods[h] for h in DATA_HOOKS[:2] if h in methods]
     stored = set()
     moved: list[ast.stmt] = []
+    if any(not m.args.args or any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
+                                  for n in ast.walk(m)) for m in [*hooks, loader]):
+        return None  # a static hook, or one that calls its base's: not plain code to move
     for hook in hooks:
         inner = _plain_body(hook)
-        if inner is None or len(hook.args.args) > 2 or any(isinstance(n, ast.Return) for n in ast.walk(hook)):
-            return None
+        returns = any(isinstance(n, ast.Return) for n in ast.walk(hook))
+        if inner is None or len(hook.args.args) > 2 or returns \
+                or {a.arg for a in hook.args.args[1:]} & _bound(ast.Module(body=inner, type_ignores=[])):
+            return None  # (``stage`` bound again in it, or a lambda's own ``stage``)
         attrs, plain = _self_attrs(hook)
         if not plain:
             return None
@@ -1420,10 +1452,11 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
     if not plain or read:  # train_dataloader stores nothing
         return None
     me = loader.args.args[0].arg
-    wanted = {n.attr for n in ast.walk(loader) if isinstance(n, ast.Attribute)
-              and isinstance(n.value, ast.Name) and n.value.id == me}
+    wanted = {n.attr for h in [*hooks, loader] for n in ast.walk(h) if isinstance(n, ast.Attribute)
+              and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
+              and n.value.id == h.args.args[0].arg}
     if not wanted <= stored:
-        return None  # it reads an attribute of Lightning's own
+        return None  # it reads an attribute of Lightning's own (self.trainer, self.hparams)
     value = _unself(copy.deepcopy(body[0].value), me)
     # the one use: ``Name(...)``, assigned to a module name or passed to fit directly
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
@@ -1510,8 +1543,10 @@ def unwrap_module(files: dict[str, str | None], name: str) -> dict[str, str | No
     tree = trees[file]
     body = [n for n in cls.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     methods = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
-    if cls.decorator_list or cls.keywords or len(body) != 2 or set(methods) != {"__init__", "forward"}:
-        return None
+    base = cls.bases[0] if len(cls.bases) == 1 else None
+    if cls.decorator_list or cls.keywords or len(body) != 2 or set(methods) != {"__init__", "forward"} \
+            or getattr(base, "attr", getattr(base, "id", None)) != "Module":
+        return None  # a subclass of anything but nn.Module may get more from its base
     init, forward = methods["__init__"], methods["forward"]
     if any(m.decorator_list or m.args.vararg or m.args.kwarg or m.args.kwonlyargs or m.args.posonlyargs
            or m.args.defaults or not m.args.args for m in (init, forward)) or len(init.args.args) != 1:
