@@ -921,23 +921,17 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
             params = fewer  # a parameter passed on to another function's unused one goes with it
         return params
 
-    def flat():
-        out = files
-        for name in flattenable(files):
-            out = flatten_submodule(out, name) or out
-        return out
+    def every(names, change):  # each named change in turn, on what the last one left
+        def apply():
+            out = files
+            for name in names(files):
+                out = change(out, name) or out
+            return out
+        return apply
 
-    def loaders():
-        out = files
-        for name in datamodules(files):
-            out = loaders_for_datamodule(out, name) or out
-        return out
-
-    def unwrapped():
-        out = files
-        for name in wrappers(files):
-            out = unwrap_module(out, name) or out
-        return out
+    flat = every(flattenable, flatten_submodule)
+    loaders = every(datamodules, loaders_for_datamodule)
+    unwrapped = every(wrappers, unwrap_module)
 
     step("no-op statements", lambda: drop_noops(files, oracle.kept),
          lambda: [lambda f: drop_noops(f, oracle.kept, docstrings=False)])  # a program may read __doc__

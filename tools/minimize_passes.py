@@ -406,15 +406,19 @@ def functions_with_constant_args(files: dict[str, str | None]) -> list[str]:
     return sorted(n for n in names if bind_constant_args(files, only=n) != files)
 
 
-class _Literals(ast.NodeTransformer):
-    """``{"a": x, "b": y}["b"]`` -> ``y``, ``[x, y][0]`` -> ``x``, ``f(*[x, y])`` -> ``f(x, y)``;
-    not inside the statements marked to keep."""
+class _OutsideKept(ast.NodeTransformer):
+    """A transformer that leaves the statements marked to keep (by ``ast.dump``) as they are."""
 
     def __init__(self, kept: set[str]):
         self.kept = kept
 
     def visit(self, node):
         return node if isinstance(node, ast.stmt) and ast.dump(node) in self.kept else super().visit(node)
+
+
+class _Literals(_OutsideKept):
+    """``{"a": x, "b": y}["b"]`` -> ``y``, ``[x, y][0]`` -> ``x``, ``f(*[x, y])`` -> ``f(x, y)``;
+    not inside the statements marked to keep."""
 
     def visit_Subscript(self, node):
         self.generic_visit(node)
@@ -563,14 +567,8 @@ def _clean(body: list[ast.stmt], kept: set[str]) -> list[ast.stmt]:
     return left
 
 
-class _Choose(ast.NodeTransformer):
+class _Choose(_OutsideKept):
     """``a if True else b`` -> ``a``, outside the statements marked to keep."""
-
-    def __init__(self, kept: set[str]):
-        self.kept = kept
-
-    def visit(self, node):
-        return node if isinstance(node, ast.stmt) and ast.dump(node) in self.kept else super().visit(node)
 
     def visit_IfExp(self, node):
         self.generic_visit(node)
