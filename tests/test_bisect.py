@@ -167,6 +167,24 @@ def test_commit_bisect_finds_the_pr_and_skips_the_broken_commit(tmp_path, no_env
     assert all(s["cached"] for s in again["steps"])
 
 
+def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_envs, monkeypatch):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, _ = make_repo(tmp_path / "lightning")
+    repro = tmp_path / "mine" / FIXTURE.name  # what a reduction writes is always minimized.py
+
+    def cached_steps() -> list[bool]:
+        assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master",
+                   "--repro", str(repro)) == 0
+        steps = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]["outcome"]["steps"]
+        return [s["cached"] for s in steps]
+
+    repro.parent.mkdir()
+    repro.write_text(FIXTURE.read_text())
+    assert not any(cached_steps())
+    assert all(cached_steps())  # the same file: answered from the state file
+    repro.write_text(FIXTURE.read_text() + "# edited\n")
+    assert not any(cached_steps())  # same name, other content: run again
+
 @pytest.mark.parametrize("args, message", [
     (["--good", "nope", "--bad", "master"], "unknown git ref 'nope'"),
     (["--good", "1.0.0", "--bad", "master", "--trials", "0"], "--trials takes a number"),

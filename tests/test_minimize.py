@@ -388,6 +388,26 @@ def test_an_out_folder_of_another_script_is_refused(tmp_path):
     assert "holds the reduction of another script" in proc.stderr
 
 
+def test_a_second_run_on_the_same_out_folder_is_refused_while_the_first_goes_on(tmp_path):
+    train = TRAIN.replace("def main():\n", "def main():\n    import time\n    time.sleep(0.3)\n")
+    script = project(tmp_path, train=train)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    with open(tmp_path / "first.log", "w") as log:
+        args = quick(script, out, "--budget", "0.2")
+        first = subprocess.Popen([sys.executable, "-m", "tools.minimize", *args], cwd=ROOT, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not (out / "original.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # written once the first run holds the folder
+    second = run(quick(script, out))
+    assert second.returncode == 2, second.stderr
+    assert "is being reduced by another run now" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
+    assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
+    assert run(quick(script, out, "--budget", "0.01")).returncode == 0  # free again afterwards
+
 # -- the pieces ------------------------------------------------------------------------------
 
 TRACEBACK = """\

@@ -350,6 +350,12 @@ def test_variables_read_once_move_into_their_read_and_dead_ones_go():
     after = inline_variables({"a.py": merged})["a.py"]  # the appends merged, then moved; a
     assert "print(C().m(3), dict(cbs=[1, 2]))" in after  # parameter of the same name is another
     runs_the_same(merged, after)
+    built = "import sys\nlayers = []\nlayers += [1, 2]\nlayers.extend([3])\nprint(*layers, file=sys.stdout)\n"
+    after = inline_variables({"a.py": built})["a.py"]  # += and extend merged too, then moved
+    assert "print(*[1, 2, 3], file=sys.stdout)" in after
+    runs_the_same(built, after)
+    reads = "out = [1]\nout.append(len(out))\nprint(out)\n"  # the item reads the list: stays
+    assert "out.append(len(out))" in inline_variables({"a.py": reads})["a.py"]
     closure = "import os\nx = os.getpid()\ndef f():\n    return x\nprint(x == f())\n"
     assert inline_variables({"a.py": closure})["a.py"] == closure  # a function reads it too
     rebound = "def f(a):\n    x = a\n    if a:\n        a = 5\n    print(x, a)\nf(1)\n"

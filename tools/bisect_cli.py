@@ -67,6 +67,23 @@ class Config:
     def repro_text(self) -> str:
         return f"{self.repro.name} {' '.join(self.repro_args)}".strip()
 
+    @property
+    def repro_key(self) -> str:
+        """The repro as the verdict cache names it: its text and a hash of its content (with the
+        sibling modules a Python repro imports), so an edited repro, or another one of the same
+        name (every reduction writes a ``minimized.py``), is run again, not answered from the
+        verdicts of the one before."""
+        from tools.minimize import project_files
+
+        try:
+            files = project_files(self.repro) if self.repro.suffix == ".py" else {}
+        except BadInput:  # not Python after all: its bytes alone
+            files = {}
+        digest = hashlib.sha256(self.repro.read_bytes())
+        for name in sorted(set(files) - {self.repro.name}):
+            digest.update(f"\0{name}\0{files[name]}".encode())
+        return f"{self.repro_text} @{digest.hexdigest()[:12]}"
+
 
 def parse_args(argv) -> Config:
     class Parser(argparse.ArgumentParser):
@@ -243,7 +260,7 @@ def mode(cfg: Config) -> str:
 def release_key(cfg: Config, candidate: str) -> str:
     what = (f"{cfg.package}=={cfg.lightning}|torch=={candidate}" if cfg.axis == "torch" else
             f"{cfg.package}=={candidate}|torch=={cfg.torch}")
-    return f"{cfg.repro_text}|{what}|py{PY}{mode(cfg)}{signature_key(cfg)}"
+    return f"{cfg.repro_key}|{what}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
 
 def signature_key(cfg: Config) -> str:
@@ -321,7 +338,7 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path):
                          out / "logs" / sha[:12], candidate=sha)
 
     def key(sha: str) -> str:
-        return f"{cfg.repro_text}|commit {sha}|torch=={torch}|py{PY}{mode(cfg)}{signature_key(cfg)}"
+        return f"{cfg.repro_key}|commit {sha}|torch=={torch}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
     b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
                  label=lambda sha: by_sha[sha].label)

@@ -40,6 +40,7 @@ import argparse
 import ast
 import builtins
 import difflib
+import fcntl
 import functools
 import hashlib
 import io
@@ -1037,6 +1038,13 @@ def minimize(cfg: Config, log=print) -> int:
         cfg.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BadInput(f"--out {cfg.out}: cannot make that folder ({err.strerror})") from None
+    busy = open(cfg.out / ".running", "a")  # noqa: SIM115  (held for the life of this run)
+    try:
+        fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        busy.close()
+        raise BadInput(f"{cfg.out} is being reduced by another run now: wait for it, or give "
+                       "another --out") from None
     meta_path = cfg.out / "original.json"
     digest = hashlib.sha256(json.dumps(sorted(original.items())).encode()).hexdigest()
     try:

@@ -1129,25 +1129,41 @@ def _split_versions(tree: ast.Module) -> bool:
     return False
 
 
+def _appended(stmt: ast.stmt, name: str) -> list[ast.expr] | None:
+    """The items ``stmt`` adds to the list ``name`` (``name.append(v)``, ``name.extend([...])``,
+    ``name += [...]``), if it does only that and they do not read ``name``; else None."""
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Add) \
+            and isinstance(stmt.target, ast.Name) and stmt.target.id == name \
+            and isinstance(stmt.value, ast.List):
+        items = stmt.value.elts
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+            and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name) \
+            and stmt.value.func.value.id == name and len(stmt.value.args) == 1 and not stmt.value.keywords \
+            and (stmt.value.func.attr == "append"
+                 or (stmt.value.func.attr == "extend" and isinstance(stmt.value.args[0], ast.List))):
+        arg = stmt.value.args[0]
+        items = [arg] if stmt.value.func.attr == "append" else arg.elts
+    else:
+        return None
+    return None if any(name in _names(i) for i in items) else items
+
+
 def _merge_appends(tree: ast.Module) -> bool:
-    """``x = [a]`` followed by ``x.append(b)`` -> ``x = [a, b]``; True if any was merged."""
+    """``x = [a]`` followed by ``x.append(b)``, ``x.extend([b])`` or ``x += [b]`` -> ``x = [a, b]``;
+    True if any was merged."""
     for node in ast.walk(tree):
         for field in ("body", "orelse", "finalbody"):
             body = getattr(node, field, None)
             if not isinstance(body, list):
                 continue
             for i, stmt in enumerate(body[:-1]):
-                nxt = body[i + 1]
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 \
-                        and isinstance(stmt.targets[0], ast.Name) \
-                        and isinstance(stmt.value, ast.List) and isinstance(nxt, ast.Expr) \
-                        and isinstance(nxt.value, ast.Call) and isinstance(nxt.value.func, ast.Attribute) \
-                        and nxt.value.func.attr == "append" and isinstance(nxt.value.func.value, ast.Name) \
-                        and nxt.value.func.value.id == stmt.targets[0].id and len(nxt.value.args) == 1 \
-                        and not nxt.value.keywords and stmt.targets[0].id not in _names(nxt.value.args[0]):
-                    stmt.value.elts.append(nxt.value.args[0])
-                    del body[i + 1]
-                    return True
+                        and isinstance(stmt.targets[0], ast.Name) and isinstance(stmt.value, ast.List):
+                    items = _appended(body[i + 1], stmt.targets[0].id)
+                    if items is not None:
+                        stmt.value.elts += items
+                        del body[i + 1]
+                        return True
     return False
 
 
