@@ -754,3 +754,40 @@ def test_attributes_in_case_patterns_are_not_recorded(tmp_path):
     (tmp_path / "p.py").write_text(instrument(source, sink))
     after = subprocess.run([sys.executable, str(tmp_path / "p.py")], capture_output=True, text=True)
     assert after.returncode == 0 and after.stdout == "train 3\n", after.stderr
+
+
+def test_the_one_by_one_lists_are_what_each_name_alone_would_change():
+    """Found from one pass over all (cheap), checked alone: the same as trying every name."""
+    from tools.minimize_passes import (
+        bind_constant_args,
+        drop_unused_params,
+        functions_with_constant_args,
+        functions_with_unused_params,
+    )
+
+    chained = textwrap.dedent('''
+        def g(n, unused):
+            return n
+
+        def f(m, k, width):
+            return g(m, k) * width
+
+        class Block:
+            def __init__(self, size, act):
+                self.size = f(size, 0, 4)
+
+        def h(x, y):
+            return x + y
+
+        print(f(3, 1, 4), Block(8, "relu").size, h(1, 2), h(1, 5), g(2, None))
+    ''')
+    fixture = Path(__file__).parent / "fixtures" / "minimize" / "finetune_backbone.py"
+    for source in (chained, fixture.read_text()):
+        files = {"a.py": source}
+        for listed, change in ((functions_with_unused_params, drop_unused_params),
+                               (functions_with_constant_args, bind_constant_args)):
+            names = {n.name for n in ast.parse(source).body if hasattr(n, "name")}
+            alone = sorted(n for n in names if change(files, only=n) != files)
+            assert listed(files) == alone
+    assert functions_with_unused_params({"a.py": chained}) == ["Block", "g"]  # f only once g lost k
+    assert functions_with_constant_args({"a.py": chained}) == ["Block", "f", "h"]

@@ -312,12 +312,13 @@ def _drop_param(func: ast.FunctionDef, skip: int, calls: list[ast.Call], i: int)
         call.keywords = [k for k in call.keywords if k.arg != param.arg]
 
 
-def drop_unused_params(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
+def drop_unused_params(files: dict[str, str | None], only: str | None = None,
+                       touched: set[str] | None = None) -> dict[str, str | None]:
     """The files without the parameters a module-level function (or a class's ``__init__``)
     never reads, and without the arguments every call passes to them (all its uses must be
     direct calls by name, none with ``*`` or ``**``). A deletion reducer cannot do this: dropping
     the parameter alone, or one argument alone, makes a call that cannot bind. ``only``: that
-    function or class alone."""
+    function or class alone; ``touched`` gets the names of those changed."""
     trees = {n: ast.parse(s) for n, s in files.items() if s}
     parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
     changed = False
@@ -331,15 +332,19 @@ def drop_unused_params(files: dict[str, str | None], only: str | None = None) ->
             if args.args[skip + i].arg not in used:
                 _drop_param(func, skip, calls, i)
                 changed = True
+                if touched is not None:
+                    touched.add(name)
     if not changed:
         return files
     return {n: ast.unparse(trees[n]) if n in trees else s for n, s in files.items()}
 
 
 def functions_with_unused_params(files: dict[str, str | None]) -> list[str]:
-    """The names ``drop_unused_params`` would change, one by one."""
-    names = {n.name for s in files.values() if s for n in ast.parse(s).body
-             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    """The names ``drop_unused_params`` would change, one by one: those it changes all at once
+    (dropping one function's arguments only removes reads from another: never fewer), each
+    checked alone."""
+    names: set[str] = set()
+    drop_unused_params(files, touched=names)
     return sorted(n for n in names if drop_unused_params(files, only=n) != files)
 
 
@@ -354,14 +359,15 @@ def _literal(node: ast.expr | None) -> bool:
     return node is not None
 
 
-def bind_constant_args(files: dict[str, str | None], only: str | None = None) -> dict[str, str | None]:
+def bind_constant_args(files: dict[str, str | None], only: str | None = None,
+                       touched: set[str] | None = None) -> dict[str, str | None]:
     """The files with each parameter to which every call passes the same literal (or leaves the
     same literal default) replaced by that literal in the function's body, and gone from the
     definition and the calls (``Encoder(16, [32], "gelu")`` -> ``Encoder()``, the values in
     ``__init__``): a function with one caller, the usual shape of a user's program, is then
     simplified where its values are used. Not when the body binds the name again (anywhere,
     nested scopes included), nor a list, dict or set read twice (two objects where there was
-    one). ``only``: that function or class alone."""
+    one). ``only``: that function or class alone; ``touched`` gets the names of those changed."""
     trees = {n: ast.parse(s) for n, s in files.items() if s}
     parents = {id(c): p for t in trees.values() for p in ast.walk(t) for c in ast.iter_child_nodes(p)}
     changed = False
@@ -394,15 +400,19 @@ def bind_constant_args(files: dict[str, str | None], only: str | None = None) ->
             func.body = [_substitute(stmt, {param: value}) for stmt in func.body]
             _drop_param(func, skip, calls, i)
             changed = True
+            if touched is not None:
+                touched.add(name)
     if not changed:
         return files
     return _unparsed(files, trees) or files
 
 
 def functions_with_constant_args(files: dict[str, str | None]) -> list[str]:
-    """The names ``bind_constant_args`` would change, one by one."""
-    names = {n.name for s in files.values() if s for n in ast.parse(s).body
-             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    """The names ``bind_constant_args`` would change, one by one: those it changes all at once
+    (a literal bound into one function only makes more of the calls it holds constant), each
+    checked alone."""
+    names: set[str] = set()
+    bind_constant_args(files, touched=names)
     return sorted(n for n in names if bind_constant_args(files, only=n) != files)
 
 
