@@ -179,11 +179,16 @@ def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_e
         return [s["cached"] for s in steps]
 
     repro.parent.mkdir()
-    repro.write_text(FIXTURE.read_text())
+    (repro.parent / "helper.py").write_text("WIDTH = 1\n")
+    repro.write_text("import helper  # noqa: F401\n" + FIXTURE.read_text())
     assert not any(cached_steps())
-    assert all(cached_steps())  # the same file: answered from the state file
-    repro.write_text(FIXTURE.read_text() + "# edited\n")
+    assert all(cached_steps())  # the same files: answered from the state file
+    repro.write_text(repro.read_text() + "# edited\n")
     assert not any(cached_steps())  # same name, other content: run again
+    (repro.parent / "helper.py").write_text("WIDTH = 2\n")
+    assert not any(cached_steps())  # a module it imports changed: run again
+    (repro.parent / "notes.py").write_text("anything\n")
+    assert all(cached_steps())  # a file it does not import is not the repro
 
 @pytest.mark.parametrize("args, message", [
     (["--good", "nope", "--bad", "master"], "unknown git ref 'nope'"),

@@ -397,14 +397,17 @@ def test_a_second_run_on_the_same_out_folder_is_refused_while_the_first_goes_on(
         args = quick(script, out, "--budget", "0.2")
         first = subprocess.Popen([sys.executable, "-m", "tools.minimize", *args], cwd=ROOT, env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not (out / "original.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)  # written once the first run holds the folder
-    second = run(quick(script, out))
-    assert second.returncode == 2, second.stderr
-    assert "is being reduced by another run now" in second.stderr
-    assert len(second.stderr.strip().splitlines()) == 1
-    assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "original.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # written once the first run holds the folder
+        second = run(quick(script, out))
+        assert second.returncode == 2, second.stderr
+        assert "is being reduced by another run now" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
+    finally:
+        first.kill()
     assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
     assert run(quick(script, out, "--budget", "0.01")).returncode == 0  # free again afterwards
 

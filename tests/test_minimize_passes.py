@@ -354,8 +354,10 @@ def test_variables_read_once_move_into_their_read_and_dead_ones_go():
     after = inline_variables({"a.py": built})["a.py"]  # += and extend merged too, then moved
     assert "print(*[1, 2, 3], file=sys.stdout)" in after
     runs_the_same(built, after)
-    reads = "out = [1]\nout.append(len(out))\nprint(out)\n"  # the item reads the list: stays
-    assert "out.append(len(out))" in inline_variables({"a.py": reads})["a.py"]
+    for stays in ("out.append(len(out))", "out += [len(out)]", "out.extend([out])",  # reads the list
+                  "out.append(*more)"):  # one item or several: known only when it runs
+        source = f"more = [2, 3]\nout = [1]\n{stays}\nprint(out, more)\n"
+        assert stays in inline_variables({"a.py": source})["a.py"]
     closure = "import os\nx = os.getpid()\ndef f():\n    return x\nprint(x == f())\n"
     assert inline_variables({"a.py": closure})["a.py"] == closure  # a function reads it too
     rebound = "def f(a):\n    x = a\n    if a:\n        a = 5\n    print(x, a)\nf(1)\n"

@@ -10,6 +10,7 @@ Exit codes: 0 a first bad release/commit was found, 3 no good boundary ("never w
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -67,17 +68,18 @@ class Config:
     def repro_text(self) -> str:
         return f"{self.repro.name} {' '.join(self.repro_args)}".strip()
 
-    @property
+    @functools.cached_property
     def repro_key(self) -> str:
         """The repro as the verdict cache names it: its text and a hash of its content (with the
-        sibling modules a Python repro imports), so an edited repro, or another one of the same
-        name (every reduction writes a ``minimized.py``), is run again, not answered from the
-        verdicts of the one before."""
+        sibling modules a Python repro imports), read once (at the first verdict), so an edited
+        repro, or another one of the same name (every reduction writes a ``minimized.py``), is
+        run again, not answered from the verdicts of the one before. Files it reads otherwise (a config
+        named in its arguments, an installed package) are not in the hash."""
         from tools.minimize import project_files
 
         try:
-            files = project_files(self.repro) if self.repro.suffix == ".py" else {}
-        except BadInput:  # not Python after all: its bytes alone
+            files = project_files(self.repro) if self.run_as == "python" else {}
+        except BadInput:  # a sibling that cannot be read or parsed: the repro's bytes alone
             files = {}
         digest = hashlib.sha256(self.repro.read_bytes())
         for name in sorted(set(files) - {self.repro.name}):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import contextlib
 import difflib
 import fcntl
 import functools
@@ -1038,13 +1039,32 @@ def minimize(cfg: Config, log=print) -> int:
         cfg.out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise BadInput(f"--out {cfg.out}: cannot make that folder ({err.strerror})") from None
-    busy = open(cfg.out / ".running", "a")  # noqa: SIM115  (held for the life of this run)
+    with holding(cfg.out, log):
+        return reduce_into(cfg, original, started, log)
+
+
+@contextlib.contextmanager
+def holding(out: Path, log):
+    """``out`` for this run alone: an exclusive lock on ``<out>/.running`` until the run ends,
+    however it ends (the kernel frees it when the process dies); a second run on it is bad input."""
     try:
-        fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        busy.close()
-        raise BadInput(f"{cfg.out} is being reduced by another run now: wait for it, or give "
-                       "another --out") from None
+        busy = open(out / ".running", "a")  # noqa: SIM115  (closed by the with below)
+    except OSError as err:
+        raise BadInput(f"--out {out}: cannot write there ({err.strerror})") from None
+    with busy:
+        try:
+            fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BadInput(f"{out} is being reduced by another run now: wait for it, or give "
+                           "another --out") from None
+        except OSError:
+            log(f"[minimize] {out}: its file system cannot lock it; two runs on it at once would "
+                "mix their results")
+        yield
+
+
+def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> int:
+    """The reduction of ``original`` into ``cfg.out`` (held by this run), its outputs written."""
     meta_path = cfg.out / "original.json"
     digest = hashlib.sha256(json.dumps(sorted(original.items())).encode()).hexdigest()
     try:

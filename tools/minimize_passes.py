@@ -1149,6 +1149,7 @@ def _appended(stmt: ast.stmt, name: str) -> list[ast.expr] | None:
     elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
             and isinstance(stmt.value.func, ast.Attribute) and isinstance(stmt.value.func.value, ast.Name) \
             and stmt.value.func.value.id == name and len(stmt.value.args) == 1 and not stmt.value.keywords \
+            and not isinstance(stmt.value.args[0], ast.Starred) \
             and (stmt.value.func.attr == "append"
                  or (stmt.value.func.attr == "extend" and isinstance(stmt.value.args[0], ast.List))):
         arg = stmt.value.args[0]
@@ -1194,7 +1195,8 @@ def inline_variables(files: dict[str, str | None], only: tuple[str, str] | None 
     into that read (``x = build(); f(x)`` -> ``f(build())``), a number or a string written at
     every read of a variable bound to it once (``h = 32``), and without those never read
     whose value does nothing (no call, attribute or subscript); only ``(file, name)`` if given.
-    First ``a, b = x, y`` is split, and ``x = [...]`` followed by ``x.append(v)`` merged.
+    First ``a, b = x, y`` is split, and ``x = [...]`` followed by ``x.append(v)``,
+    ``x.extend([...])`` or ``x += [...]`` merged.
     Not when the read is inside a loop the assignment is outside of (unless the value is a
     name or a constant), nor when a name the value reads is bound again in between."""
     out = dict(files)
