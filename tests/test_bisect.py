@@ -190,6 +190,7 @@ def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_e
     (repro.parent / "notes.py").write_text("anything\n")
     assert all(cached_steps())  # a file it does not import is not the repro
 
+
 @pytest.mark.parametrize("args, message", [
     (["--good", "nope", "--bad", "master"], "unknown git ref 'nope'"),
     (["--good", "1.0.0", "--bad", "master", "--trials", "0"], "--trials takes a number"),

@@ -411,6 +411,16 @@ def test_a_second_run_on_the_same_out_folder_is_refused_while_the_first_goes_on(
     assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
     assert run(quick(script, out, "--budget", "0.01")).returncode == 0  # free again afterwards
 
+
+def test_an_out_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    script = project(tmp_path)
+    out = tmp_path / "out"
+    (out / ".running").mkdir(parents=True)  # where the run's lock goes (root may write anywhere)
+    proc = run(quick(script, out))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: --out {out}: cannot write there (Is a directory)"]
+
+
 # -- the pieces ------------------------------------------------------------------------------
 
 TRACEBACK = """\

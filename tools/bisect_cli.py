@@ -73,8 +73,8 @@ class Config:
         """The repro as the verdict cache names it: its text and a hash of its content (with the
         sibling modules a Python repro imports), read once (at the first verdict), so an edited
         repro, or another one of the same name (every reduction writes a ``minimized.py``), is
-        run again, not answered from the verdicts of the one before. Files it reads otherwise (a config
-        named in its arguments, an installed package) are not in the hash."""
+        run again, not answered from the verdicts of the one before. Files it reads otherwise
+        (a config named in its arguments, an installed package) are not in the hash."""
         from tools.minimize import project_files
 
         try:
