@@ -25,8 +25,13 @@ TEST_TORCH = "2.13.0"
 @nox.parametrize("cell", MATRIX.cells, ids=[c.id for c in MATRIX.cells])
 def repro(session: nox.Session, cell: matrix.Cell) -> None:
     """Run every repro of repro/matrix.toml in one Lightning x torch cell."""
+    with sessions.one_line_errors():
+        _repro(session, cell)
+
+
+def _repro(session: nox.Session, cell: matrix.Cell) -> None:
     opts, repro_args = cells.parse_posargs(session.posargs)
-    out = results.run_dir("repro")
+    out = cells.open_results()
     reason = cell.skip_reason(opts.include_unsupported)
     if reason:
         cells.record_skip(cell, reason, out)

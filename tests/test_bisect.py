@@ -66,6 +66,70 @@ def test_ends_are_verified():
         engine({"a": 0, "b": 0, "c": 0})[0].run(0, 2)
 
 
+def test_an_end_that_cannot_be_tested_is_no_verdict_on_the_bug():
+    # an environment that cannot be made is "could not test", never "not good" / "not bad"
+    out = engine({"a": 125, "b": 1, "c": 1})[0].run(0, 2)
+    assert out.status == "untestable" and "good end a could not be tested" in out.why
+    out = engine({"a": 0, "b": 1, "c": 125})[0].run(0, 2)
+    assert out.status == "untestable" and "bad end c could not be tested" in out.why
+
+
+def test_a_skip_in_the_search_back_tries_its_neighbours_first():
+    # r11 cannot be tested: its older neighbour r10 is tried before jumping on to r3
+    codes = {f"r{i}": (125 if i == 11 else 1 if i >= 10 else 0) for i in range(20)}
+    b, calls = engine(codes)
+    out = b.run(None, 19)
+    assert calls[:6] == ["r19", "r18", "r17", "r15", "r11", "r10"]
+    assert (out.status, out.first_bad, out.last_good) == ("found", "r10", "r9")
+
+
+def test_never_good_counts_only_what_was_tested():
+    # the old releases cannot run here: that is not "bad in every release"
+    codes = {f"r{i}": (125 if i < 12 else 1) for i in range(20)}
+    out = engine(codes)[0].run(None, 19)
+    assert out.status == "untestable"
+    tally = out.tally()
+    assert tally["good"] == [] and set(tally["bad"]) >= {"r19", "r18", "r17", "r15"}
+    assert "r11" in tally["untestable"] and "no good release found among the" in out.why
+    assert engine({f"r{i}": 1 for i in range(20)})[0].run(None, 19).status == "no-good"
+
+
+def test_after_the_search_the_bisect_starts_at_the_nearest_bad():
+    codes = {f"r{i}": (1 if i >= 14 else 0) for i in range(20)}
+    b, calls = engine(codes)
+    out = b.run(None, 19)  # r18, r17, r15 bad, r11 good: between r11 and r15 only
+    assert out.first_bad == "r14"
+    assert {s.candidate for s in out.steps[5:-1]} <= {"r12", "r13", "r14"}
+    assert out.steps[-1].candidate == "r0" and out.non_monotonic == []  # the order check
+
+
+def test_a_good_release_newer_than_a_bad_one_is_reported():
+    # bad in r4..r6, fixed in r7..r9, broken again from r13: the bug comes and goes
+    codes = {f"r{i}": (1 if 4 <= i <= 6 or i >= 13 else 0) for i in range(20)}
+    b, _ = engine(codes)
+    b.verdict("r5")  # the window was seen, e.g. by an earlier probe
+    out = b.run(None, 19)
+    assert out.first_bad == "r13"
+    assert out.non_monotonic and "good at r" in out.non_monotonic[0] and "bad r5" in out.non_monotonic[0]
+    # bad in the oldest releases too: the order check after the search sees it on its own
+    codes = {f"r{i}": (1 if i <= 2 or i >= 13 else 0) for i in range(20)}
+    out = engine(codes)[0].run(None, 19)
+    assert out.first_bad == "r13" and out.steps[-1].candidate == "r0"
+    assert out.non_monotonic and "bad r0" in out.non_monotonic[0]
+    plain = engine({f"r{i}": (1 if i >= 13 else 0) for i in range(20)})[0].run(None, 19)
+    assert plain.non_monotonic == []
+
+
+def test_the_ends_run_every_trial_and_report_their_rate():
+    flaky = lambda n: 1 if n % 2 == 0 else 0  # noqa: E731
+    codes = {"a": 0, "b": 0, "c": flaky}
+    b, calls = engine(codes, trials=4)
+    out = b.run(0, 2)
+    assert out.ends["bad"] == {"candidate": "c", "bad": 2, "runs": 4}
+    assert out.ends["good"] == {"candidate": "a", "bad": 0, "runs": 4}
+    assert calls.count("c") == 4  # a bad run at an end does not cut its trials short
+
+
 def test_harness_failure_stops_the_bisect():
     with pytest.raises(bisect.HarnessFailure):
         engine({"a": 0, "b": 128, "c": 1})[0].run(0, 2)
@@ -109,8 +173,9 @@ def test_resume_repeats_no_step_and_interrupt_records_nothing(tmp_path):
 
 # -- commit tier on a synthetic repository ------------------------------------------------------
 
-def make_repo(path: Path) -> tuple[git.Repo, list[str]]:
-    """A tiny 'lightning' with 12 merged PRs: #103 breaks the import, #107 brings the bug."""
+def make_repo(path: Path, needs_dep_from: int | None = None) -> tuple[git.Repo, list[str]]:
+    """A tiny 'lightning' with 12 merged PRs: #103 breaks the import, #107 brings the bug (and,
+    with ``needs_dep_from``, that PR and the later ones import a new dependency ``newdep``)."""
     repo = git.Repo.init(path, initial_branch="master")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
@@ -123,6 +188,8 @@ def make_repo(path: Path) -> tuple[git.Repo, list[str]]:
     for i in range(12):
         bug = i >= 7
         body = "syntax error(" if i == 3 else f"BUG = {bug}\nclass Trainer: pass\n"
+        if needs_dep_from is not None and i >= needs_dep_from:
+            body = "import newdep  # noqa: F401\n" + body
         (pkg / "__init__.py").write_text(body)
         (path / "src" / "lightning" / "__init__.py").write_text("")
         (path / "docs" / "big.txt").write_text(f"docs {i}\n")
@@ -134,10 +201,16 @@ def make_repo(path: Path) -> tuple[git.Repo, list[str]]:
     return repo, shas
 
 
+def fake_plan(reqs, *_):
+    return envs.Plan(list(reqs), "2024-01-01", "2024-01-01", [], {})
+
+
 @pytest.fixture
 def no_envs(monkeypatch):
     monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11", log=None: Path(sys.executable))
-    monkeypatch.setattr(envs, "era_args", lambda reqs, torch, moment: list(reqs))
+    monkeypatch.setattr(envs, "plan", fake_plan)
+    monkeypatch.setattr(envs, "install_plan", lambda *args: fake_plan([]))
+    monkeypatch.setattr(envs, "era_torch", lambda moment: "2.13.0")
 
 
 def cli(tmp_path, repo_path, *extra):
@@ -165,6 +238,37 @@ def test_commit_bisect_finds_the_pr_and_skips_the_broken_commit(tmp_path, no_env
     assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master") == 0
     again = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]["outcome"]
     assert all(s["cached"] for s in again["steps"])
+
+
+def test_commits_run_on_a_release_environment_and_fall_back_to_their_own_requirements(
+        tmp_path, no_envs, monkeypatch):
+    # a commit that imports what the release's environment lacks is run again on an environment
+    # of its own requirements, where its import works: it is tested, not skipped
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = make_repo(tmp_path / "lightning", needs_dep_from=9)
+    deps = tmp_path / "own-deps"
+    deps.mkdir()
+    (deps / "newdep.py").write_text("")
+    own = tmp_path / "own-env" / "bin" / "python"
+    own.parent.mkdir(parents=True)
+    own.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{deps}" exec {sys.executable} "$@"\n')
+    own.chmod(0o755)
+    made = []
+
+    def ensure(name, args, python="3.11", log=None):
+        made.append(name)
+        return own if name.startswith("commit-") else Path(sys.executable)
+
+    monkeypatch.setattr(envs, "ensure", ensure)
+    assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]
+    assert data["outcome"]["first_bad"] == shas[7]
+    for step in data["outcome"]["steps"]:
+        fell_back = "with the commit's own requirements" in (step["reason"] or "")
+        assert fell_back == (shas.index(step["candidate"]) >= 9), step
+        assert step["verdict"] != "skip" or step["candidate"] == shas[3]
+    assert any(name.startswith("pytorch-lightning-") for name in made)  # a release's, first
+    assert "could not import there and ran on their own requirements" in data["how"]
 
 
 def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_envs, monkeypatch):
@@ -207,7 +311,7 @@ def test_missing_repo_and_repro_are_bad_input(tmp_path, no_envs, capsys):
     assert cli(tmp_path, tmp_path / "nowhere", "--good", "a", "--bad", "b") == 2
     assert "no repository at" in capsys.readouterr().err
     assert bisect_cli.main(["--repro", "nope.py"]) == 2
-    assert "repro not found" in capsys.readouterr().err
+    assert "--repro nope.py: not found" in capsys.readouterr().err
 
 
 def test_release_bisect_never_worked(tmp_path, monkeypatch):
@@ -266,3 +370,18 @@ def test_the_cached_clone_follows_a_tag_moved_in_the_source(tmp_path):
     repo.create_tag("1.0.0", ref=shas[5], force=True)  # re-tagged upstream
     clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")  # the next run
     assert clone.git.rev_parse("1.0.0^{commit}") == shas[5]
+
+
+def test_a_local_repository_deleted_and_made_again_is_cloned_again(tmp_path, capsys):
+    # the cached clone borrowed the objects of the first one ("bad object refs/heads/master")
+    import shutil
+
+    from tools import gitrange
+
+    make_repo(tmp_path / "src-repo")
+    gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
+    shutil.rmtree(tmp_path / "src-repo")
+    _, shas = make_repo(tmp_path / "src-repo")
+    clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
+    assert clone.git.rev_parse("master") == shas[-1] or clone.git.rev_parse("origin/master") == shas[-1]
+    assert "cloning it again" in capsys.readouterr().out

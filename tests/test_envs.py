@@ -18,23 +18,83 @@ def fake_release(day, version="2.4.1"):
                          None)
 
 
-def test_install_args_pin_both_and_exempt_torch_closure(monkeypatch):
+def fake_compile(monkeypatch, needs_newer: dict[str, str]):
+    """uv's resolution, faked: sympy is torch's alone, typing-extensions both need; a package in
+    ``needs_newer`` resolves only with a cutoff on or after that day (torch's lower bound)."""
+    calls = []
+
+    def compile_(args, annotate=False):
+        calls.append(args)
+        dates = dict(a.removeprefix("--exclude-newer-package=").split("=")
+                     for a in args if a.startswith("--exclude-newer-package="))
+        ok = all(dates.get(name, "") >= day for name, day in needs_newer.items())
+        out = ("sympy==1.0\n    # via torch\ntorch==2.4.1\n    # via -r -\n"
+               "typing-extensions==4.0\n    # via\n    #   pytorch-lightning\n    #   torch\n"
+               "pytorch-lightning==2.4.0\n    # via -r -\n")
+        return subprocess.CompletedProcess([], 0 if ok else 1, out, "" if ok else "unsatisfiable")
+
+    monkeypatch.setattr(envs, "_compile", compile_)
+    return calls
+
+
+def test_install_args_pin_both_and_exempt_torch_closure(monkeypatch, tmp_path):
     dates = {"pytorch-lightning": "2024-08-07", "torch": "2024-09-04"}
     monkeypatch.setattr(index, "release", lambda name, version: fake_release(dates[name]))
+    monkeypatch.setattr(envs, "CACHE", tmp_path)
     seen = {}
 
     def closure(version, earliest):
         seen["earliest"] = earliest
-        return ["sympy", "torch"], "2024-09-05"
+        return ["sympy", "torch", "typing-extensions"], "2024-09-05"
 
     monkeypatch.setattr(envs, "torch_closure", closure)
-    args = envs.install_args("pytorch-lightning", "2.4.0", "2.4.1")
-    assert args == ["torch==2.4.1", "pytorch-lightning==2.4.0", "--exclude-newer=2024-08-08",
-                    "--exclude-newer-package=sympy=2024-09-05",
-                    "--exclude-newer-package=torch=2024-09-05"]
+    fake_compile(monkeypatch, {})
+    plan = envs.install_plan("pytorch-lightning", "2.4.0", "2.4.1")
+    # typing-extensions is the release's need too: it keeps the release's date
+    assert plan.args == ["torch==2.4.1", "pytorch-lightning==2.4.0", "setuptools",
+                         "--exclude-newer=2024-08-08",
+                         "--exclude-newer-package=sympy=2024-09-05",
+                         "--exclude-newer-package=torch=2024-09-05",
+                         "--exclude-newer-package=typing-extensions=2024-08-08"]
+    assert plan.shared == {"typing-extensions": "2024-08-08"} and plan.by_torch_date == ["sympy"]
     assert seen["earliest"] == datetime(2024, 9, 4, 12, tzinfo=UTC)  # the later of the two dates
     monkeypatch.setattr(index, "release", lambda name, version: fake_release(dates[name], "2.1.2"))
     assert "numpy<2" in envs.install_args("pytorch-lightning", "2.3.3", "2.1.2")  # torch's ABI
+
+
+def test_a_shared_dependency_takes_the_earliest_day_torch_accepts(monkeypatch, tmp_path):
+    # as torch 2.13 needs setuptools >= 77.0.3 (2025-03-20) for a release of 2024
+    monkeypatch.setattr(index, "release", lambda name, version: fake_release(
+        {"pytorch-lightning": "2024-08-07", "torch": "2024-09-04"}[name]))
+    monkeypatch.setattr(envs, "CACHE", tmp_path)
+    monkeypatch.setattr(envs, "torch_closure", lambda v, e: (["sympy", "torch", "typing-extensions"],
+                                                             "2024-09-05"))
+    calls = fake_compile(monkeypatch, {"typing-extensions": "2024-08-20"})
+    plan = envs.install_plan("pytorch-lightning", "2.4.0", "2.4.1")
+    assert plan.shared == {"typing-extensions": "2024-08-20"}
+    assert "--exclude-newer-package=typing-extensions=2024-08-20" in plan.args
+    assert "as early as torch allows: typing-extensions as of 2024-08-20" in plan.describe()
+    assert len(calls) <= 2 + 6  # a bisection of the 28 days, not a walk
+    again = len(calls)
+    assert envs.install_plan("pytorch-lightning", "2.4.0", "2.4.1") == plan and len(calls) == again
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("release, torch", [("2.3.3", "2.13.0"), ("2.1.0", "2.1.0")])
+def test_an_old_release_gets_a_setuptools_with_pkg_resources_whatever_the_torch(release, torch):
+    # 2.3.3 and older import pkg_resources (setuptools < 82). With torch 2.13 the setuptools of
+    # torch's own date (83) was taken; with torch 2.1 (no setuptools in its closure) none at all
+    args = envs.install_args("pytorch-lightning", release, torch)
+    reqs = [a for a in args if not a.startswith("--")]
+    flags = [a for a in args if a.startswith("--")]
+    proc = subprocess.run(["uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate",
+                           "--python-version", "3.11", *flags],
+                          input="\n".join(reqs) + "\n", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    pins = dict(line.split("==") for line in proc.stdout.splitlines() if "==" in line)
+    assert "setuptools" in pins and Version(pins["setuptools"]) < Version("82")
+    assert pins["torch"].startswith(torch)
 
 
 def test_unknown_version_is_a_clear_error():

@@ -314,3 +314,61 @@ def test_an_unwritable_results_or_cache_folder_is_refused_before_the_first_step(
     assert bisect_cli.main(["--state", str(tmp_path / "s.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write there" in err[0]
+
+
+def test_a_full_disk_while_saving_the_state_is_one_line_128_and_keeps_the_earlier_verdicts(
+        tmp_path, capsys, monkeypatch):
+    import errno
+
+    from tools import results
+
+    names = [f"1.{i}.0" for i in range(8)]
+    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda cfg: names)
+    monkeypatch.setattr(bisect_cli, "release_predicate",
+                        lambda cfg, out: lambda c: (1 if c >= "1.5.0" else 0, None))
+    state = tmp_path / "s.json"
+    real = results.write_json
+    saved = []
+
+    def full_after_two(path, data):
+        if Path(path) == state and len(saved) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if Path(path) == state:
+            saved.append(path)
+        real(path, data)
+
+    monkeypatch.setattr(bisect, "write_json", full_after_two)
+    code = bisect_cli.main(["--tier", "releases", "--good", "1.0.0", "--state", str(state),
+                            "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 128 and len(err) == 1, err
+    assert "cannot save the verdict in the state file" in err[0] and "No space left" in err[0]
+    assert len(json.loads(state.read_text())) == 2  # the two verdicts before are still there
+
+
+def test_an_unknown_torch_is_refused_and_leaves_no_empty_run_folder(tmp_path, capsys, monkeypatch):
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    code = bisect_cli.main(["--tier", "releases", "--torch", "9.9.9", "--state", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["error: torch 9.9.9 is not on the package index"]
+    assert not list((tmp_path / "results").glob("bisect/*"))
+
+
+def test_an_unwritable_results_folder_names_its_path(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "file"))
+    monkeypatch.setattr(bisect_cli, "release_ends", lambda cfg: (["1.0", "2.0"], None, 1))
+    assert bisect_cli.main(["--state", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: the results folder {tmp_path / 'file' / 'bisect'}: cannot write there")
+
+
+def test_nox_repro_with_a_results_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    from tools import cells, contract, results
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "file"))
+    monkeypatch.setattr(results, "_MADE", {})
+    with pytest.raises(contract.BadInput, match="the results folder .*file/repro: cannot write there"):
+        cells.open_results()

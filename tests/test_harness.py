@@ -120,3 +120,54 @@ def test_a_signature_printed_before_a_crash_at_exit_still_counts(tmp_path, signa
                            "os.abort()\n")
     r = harness.run(cmd, timeout=30, signature=signature)
     assert r.returncode == -6 and r.code == code, r.reason
+
+
+# -- faults around the run: its logs, its output, what it leaves behind ----------------------
+
+SIGNATURE_SCRIPT = "import sys\nprint('oops: the bug')\nsys.exit(1)\n"
+
+
+@pytest.mark.parametrize("which", ["stdout", "stderr"])
+def test_a_log_that_cannot_be_written_is_a_harness_failure_never_a_verdict(tmp_path, which):
+    # /dev/full answers every write with ENOSPC, as a full disk does
+    stem = tmp_path / "logs" / "run"
+    stem.parent.mkdir()
+    (tmp_path / "logs" / f"run.{which}").symlink_to("/dev/full")
+    body = f"import sys\nprint('oops: the bug', file=sys.{which})\nsys.exit(1)\n"
+    r = harness.run(script(tmp_path, body), timeout=30, log_stem=stem, signature="oops: the bug")
+    assert (r.code, r.verdict) == (128, "error"), r.reason
+    assert "cannot write the run's logs" in r.reason and "the disk is full" in r.reason
+
+
+def test_a_log_folder_that_cannot_be_made_is_a_harness_failure(tmp_path):
+    (tmp_path / "file").write_text("")
+    r = harness.run(script(tmp_path, SIGNATURE_SCRIPT), timeout=30, log_stem=tmp_path / "file" / "run",
+                    signature="oops")
+    assert r.code == 128 and "cannot write the run's logs" in r.reason
+
+
+def test_a_huge_output_is_streamed_to_the_logs_and_its_signature_still_counts(tmp_path):
+    import resource
+
+    # the signature comes first, then 100 MB: far beyond what is kept in memory for the verdict
+    body = ("import sys\nprint('oops: the bug', flush=True)\nline = 'x' * 1023 + '\\n'\n"
+            "for _ in range(100 * 1024):\n    sys.stdout.write(line)\nsys.exit(1)\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = harness.run(script(tmp_path, body), timeout=120, log_stem=tmp_path / "run", signature="oops: the bug")
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # MB (Linux: kB)
+    assert (r.code, r.verdict) == (1, "bad"), r.reason
+    assert os.path.getsize(r.stdout_path) == 100 * 1024 * 1024 + len("oops: the bug\n")
+    assert grown < 50, f"the harness grew by {grown:.0f} MB for 100 MB of output"
+
+
+def test_a_daemon_the_run_starts_is_killed_and_reported(tmp_path):
+    # it leaves the run's process group on purpose (a new session), and outlives the run
+    pidfile = tmp_path / "daemon.pid"
+    body = ("import os, subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],\n"
+            "                     start_new_session=True)\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n")
+    r = harness.run(script(tmp_path, body), timeout=60)
+    daemon = int(pidfile.read_text())
+    assert r.verdict == "good" and r.leftovers == [daemon]
+    assert not alive(daemon)

@@ -1,6 +1,7 @@
 import pytest
 
 from tools import cells, matrix
+from tools.matrix import ROOT
 
 
 def write(tmp_path, text):
@@ -73,3 +74,18 @@ def test_every_cell_id_given_to_k_selects_that_cell_and_no_other(root):
         selected = [line.split("(", 1)[1].split(")", 1)[0] for line in out.splitlines()
                     if line.startswith("* repro(")]
         assert selected == [cell_id]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "-5"], "must be a number of seconds > 0, not -5"),
+    (["--timeout", "0"], "must be a number of seconds > 0, not 0"),
+    (["--timeout", "soon"], "'soon' is not a number of seconds"),
+    (["--script", "README.md", "--signature", "x"], "cannot tell how to run it (not a .py file, no #! line)"),
+    (["--script", "tests/fixtures/not_executable.sh", "--signature", "x"], "is not executable (chmod +x)"),
+])
+def test_nonsense_repro_options_are_refused_before_any_cell_runs(args, message, capsys, monkeypatch):
+    # `nox -s repro -- --timeout -5` once ran every repro into an instant "timeout"
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        cells.parse_posargs(args)
+    assert exc.value.code == 2 and message in capsys.readouterr().err

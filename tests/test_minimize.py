@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -330,12 +331,31 @@ def test_a_signature_the_script_can_print_needs_keep_markers(tmp_path):
     assert "could print the signature itself (train.py, line" in proc.stderr
 
 
+HOLD = """def main():
+    best = os.environ.get("HOLD_BEST", "")  # minimize: keep
+    saved = json.load(open(best))["train.py"] if os.path.exists(best) else None  # minimize: keep
+    if saved and saved != open(os.environ["HOLD_ORIGINAL"]).read():  # minimize: keep
+        __import__("time").sleep(600)
+"""
+
+
+WAIT_FOR_GO = """def main():
+    while not os.path.exists(os.environ.get("HOLD_GO", "/")):  # minimize: keep
+        __import__("time").sleep(0.05)
+"""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_path, sig):
-    train = TRAIN.replace("def main():\n", "def main():\n    import time\n    time.sleep(0.3)\n")
+    # once a first improvement is saved, every candidate that follows waits (until its time limit)
+    # instead of running: the reduction cannot end before the signal comes, however fast it is
+    train = TRAIN.replace("def main():\n", HOLD)
     script = project(tmp_path, train=train)
+    original = tmp_path / "original.py"
+    original.write_text(script.read_text())
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "HOLD_BEST": str(out / "best.json"), "HOLD_ORIGINAL": str(original)}
     logs = tmp_path / "stdout", tmp_path / "stderr"  # files: a pipe would wait for any helper holding it
     with open(logs[0], "w") as out_log, open(logs[1], "w") as err_log:
         proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
@@ -389,10 +409,14 @@ def test_an_out_folder_of_another_script_is_refused(tmp_path):
 
 
 def test_a_second_run_on_the_same_out_folder_is_refused_while_the_first_goes_on(tmp_path):
-    train = TRAIN.replace("def main():\n", "def main():\n    import time\n    time.sleep(0.3)\n")
+    # the first run's launches wait for a file the test makes only once the second was refused:
+    # the first cannot have ended (and freed the folder) before, however fast it is
+    train = TRAIN.replace("def main():\n", WAIT_FOR_GO)
     script = project(tmp_path, train=train)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    go = tmp_path / "go"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "HOLD_GO": str(go)}
     with open(tmp_path / "first.log", "w") as log:
         args = quick(script, out, "--budget", "0.2")
         first = subprocess.Popen([sys.executable, "-m", "tools.minimize", *args], cwd=ROOT, env=env,
@@ -402,9 +426,11 @@ def test_a_second_run_on_the_same_out_folder_is_refused_while_the_first_goes_on(
         while not (out / "original.json").exists() and time.monotonic() < deadline:
             time.sleep(0.1)  # written once the first run holds the folder
         second = run(quick(script, out))
+        go.write_text("")
         assert second.returncode == 2, second.stderr
         assert "is being reduced by another run now" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1
+        assert first.poll() is None  # it was waiting for the file, holding the folder
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
     finally:
         first.kill()
@@ -524,3 +550,55 @@ def test_the_coarse_pass_admits_only_whole_statement_removals():
     changes = {"z = x + y": "z = x", "def f(x, y=1):": "def f(x):", "f(2)": "f(3)", "return z": "return 0"}
     for old, new in changes.items():
         assert not m.only_removes_statements({"a.py": current["a.py"].replace(old, new)}, current), new
+
+
+@pytest.mark.parametrize("full_at", ["original.json", "best.json"])
+def test_a_full_disk_under_out_is_one_line_never_a_traceback(tmp_path, monkeypatch, capsys, full_at):
+    # before anything was reduced it is bad input (exit 2); once the reduction has begun it is a
+    # harness failure (128) that says where the best so far is
+    import errno
+
+    from tools import results
+
+    script = project(tmp_path)
+    out = tmp_path / "out"
+    real = results.write_json
+
+    def full(path, data):
+        if Path(path).name == full_at and (full_at != "best.json" or (out / "best.json").exists()):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(results, "write_json", full)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    code = m.main(quick(script, out))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left on device" in err[0], err
+    assert code == (2 if full_at == "original.json" else 128)
+
+
+@pytest.mark.parametrize("statement", [
+    f"sys.stdout.buffer.write({SIGNATURE.encode()!r})",  # a bytes literal
+    "name = 'reducer'\nprint(f\"'NoneType' object has no attribute '{name}'\")",  # an f-string
+    "print(\"'NoneType' object has no \" + 'attribute ' + \"'reducer'\")",  # a concatenation
+    "print(\"'NoneType' object has no attribute '%s'\" % 'reducer')",  # %-formatting
+])
+def test_a_signature_the_script_can_print_in_any_literal_form_needs_keep_markers(tmp_path, statement):
+    # a bytes literal once went through: the reduction then kept the print line, failing with a
+    # TypeError whose traceback quoted it, and called that "the signature in 3/3 fresh runs"
+    train = TRAIN.replace("    main()\n", "    main()\n" + textwrap.indent(statement, "    ") + "\n")
+    script = project(tmp_path, train=train)
+    proc = run(quick(script, tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "could print the signature itself (train.py, line" in proc.stderr
+
+
+def test_a_traceback_quoting_a_line_with_the_signature_is_not_the_signature():
+    quoted = (f'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n'
+              f'    sys.stdout.write({SIGNATURE.encode()!r})\n'
+              "TypeError: write() argument must be str, not bytes\n")
+    assert SIGNATURE not in m.outside_source_lines(quoted)
+    raised = (f'Traceback (most recent call last):\n  File "engine.py", line 9, in backward\n'
+              f"    reducer = self.wrapper().reducer\nAttributeError: {SIGNATURE}\n")
+    assert f"AttributeError: {SIGNATURE}" in m.outside_source_lines(raised)
+    assert m.crash_site(quoted, re.escape(SIGNATURE), ()) is None  # not raised anywhere

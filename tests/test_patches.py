@@ -32,7 +32,7 @@ Origin: other
 Last-Update: 2026-11-29
 X-Target: torch
 X-Base: v2.13.0
-X-Repro: repro/x.py
+X-Repro: repro/finetuning_resume.py
 X-Expect-Before: bad
 X-Expect-After: good
 ---
@@ -62,7 +62,7 @@ def test_a_format_patch_message_gives_the_fields(tmp_path):
     patch = patches.parse(write(tmp_path, HEAD + DIFF))
     assert patch.headers["Description"] == "a title that goes on the next line\nWhy the change is needed."
     assert patch.headers["X-Base"] == "v2.13.0" and patch.headers["Author"].startswith("someone")
-    assert patch.files == ["torch/m.py"] and patch.repro == ["repro/x.py"]
+    assert patch.files == ["torch/m.py"] and patch.repro == ["repro/finetuning_resume.py"]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -74,6 +74,20 @@ def test_a_format_patch_message_gives_the_fields(tmp_path):
     (HEAD.replace("Forwarded: no\n", "Forwarded: no\nnot a field\n") + DIFF, "not a field"),
     (HEAD.replace("Subject: [PATCH] a title that goes\n on the next line\n", "") + DIFF, "no Subject"),
     (HEAD + "--- a/x\n+++ b/x\n", "no file or no hunk"),
+    # every field's value is checked when the patch is read, not minutes into its validation
+    (HEAD.replace("X-Expect-Before: bad", "X-Expect-Before: maybe") + DIFF,
+     "X-Expect-Before: 'maybe' is not one of good, bad, skip"),
+    (HEAD.replace("X-Expect-After: good", "X-Expect-After: fixed") + DIFF, "X-Expect-After: 'fixed'"),
+    (HEAD.replace("Last-Update: 2026-11-29", "Last-Update: yesterday") + DIFF, "is not a date"),
+    (HEAD.replace("Forwarded: no", "Forwarded: maybe later") + DIFF, "Forwarded: 'maybe later'"),
+    (HEAD.replace("Origin: other", "Origin: somewhere") + DIFF, "Origin: 'somewhere' does not start"),
+    (HEAD.replace("Bug: https://example.com/1", "Bug: issue one") + DIFF, "Bug: 'issue one' is neither"),
+    (HEAD.replace("X-Repro: repro/finetuning_resume.py", "X-Repro: repro/nope.py") + DIFF,
+     "X-Repro: 'repro/nope.py' does not start with a repro script"),
+    (HEAD.replace("X-Base: v2.13.0\n", "X-Base: v2.13.0\nX-Cells: pl9_9_torch9\n") + DIFF,
+     "X-Cells: unknown cell 'pl9_9_torch9'"),
+    (HEAD.replace("X-Base: v2.13.0\n", "X-Base: v2.13.0\nX-Changelog: Fixes\n") + DIFF,
+     "X-Changelog: 'Fixes' is not one of"),
 ])
 def test_malformed_patches_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(patches.PatchError, match=message):
@@ -353,7 +367,8 @@ def series_folder(tmp_path, monkeypatch, series: bytes, files: dict[str, bytes])
      "bad.patch: line 20: malformed hunk header '@@ -12,x +12,3 @@'"),
     (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"@@ -10,2 +10,3 @@", b"@@ -10,2 +10,4 @@")},
      "bad.patch: line 20: malformed hunk '@@ -10,2 +10,4 @@': its line counts do not match its body"),
-    (b"ok.patch\nbad.patch\n", {"bad.patch": GOOD.replace(b"repro/x.py", b"repro/x.py 'a b")},
+    (b"ok.patch\nbad.patch\n",
+     {"bad.patch": GOOD.replace(b"repro/finetuning_resume.py", b"repro/finetuning_resume.py 'a b")},
      "bad.patch: X-Repro is not a command line (No closing quotation)"),
 ], ids=["patch-not-utf8", "series-not-utf8", "directory", "missing", "hunk-header", "hunk-counts", "x-repro"])
 def test_a_bad_series_is_one_line_and_exit_2_for_both_tools(tmp_path, monkeypatch, capsys, series, files,
@@ -957,7 +972,11 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
 
 @pytest.mark.parametrize("argv, message", [
     (["--script", "no-such-script.py", "--signature", "x"], "--script no-such-script.py: not found"),
-    (["--script", "repro", "--signature", "x"], "--script repro: is a directory"),
+    (["--script", "repro", "--signature", "x"], "--script repro is a directory, not a script"),
+    (["--script", "README.md", "--signature", "x"],
+     "--script README.md: cannot tell how to run it (not a .py file, no #! line)"),
+    (["--script", "tests/fixtures/not_executable.sh", "--signature", "x"],
+     "--script tests/fixtures/not_executable.sh has a #! line but is not executable (chmod +x)"),
     (["--script", "repro/backbone_finetuning_ddp.py"],
      "--script needs --signature REGEX (what its output shows when the bug is there), or --verdict-line if "
      "it prints the contract's verdict line"),
@@ -968,8 +987,8 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
      "no patch of the series targets cell 'pl0_0_0_torch0_0_0'"),
     (["--repeat", "0"], "--repeat takes a number >= 1"),
     (["--repeat", "many"], "argument --repeat: invalid int value: 'many'"),
-], ids=["missing", "directory", "no-signature", "bad-regex", "signature-alone", "unknown-cell", "repeat-0",
-        "repeat-nan"])
+], ids=["missing", "directory", "plain-text", "not-executable", "no-signature", "bad-regex",
+        "signature-alone", "unknown-cell", "repeat-0", "repeat-nan"])
 def test_script_and_repeat_input_errors_are_one_line_and_exit_2_before_anything_is_made(
         tmp_path, monkeypatch, capsys, argv, message):
     from tools import validate_patches

@@ -175,8 +175,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(workspace, capsys, cas
     elif case == "draft-missing":
         path = folder / "fix-resume.patch"
         path.write_text(path.read_text().replace("Bug: none", "Bug: patches/issues/gone.md"))
-        message = ("fix-resume.patch: Bug names patches/issues/gone.md, "
-                   "which is not a draft in patches/issues/")
+        message = "fix-resume.patch: Bug: 'patches/issues/gone.md' is neither a URL, 'none'"
     elif case == "draft-not-utf8":
         (folder / "issues").mkdir()
         (folder / "issues" / "x.md").write_bytes(b"caf\xe9\n")

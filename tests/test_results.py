@@ -26,6 +26,19 @@ def test_run_dir_points_latest_at_the_run(tmp_path):
     assert results.run_dir("repro", base=tmp_path) == run  # one folder per process
 
 
+def test_two_processes_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    # the second process is this one again, with what the first made forgotten
+    monkeypatch.setattr(results, "_STAMP", "20261201-120000")
+    first = results.run_dir("bisect", base=tmp_path)
+    monkeypatch.setattr(results, "_MADE", {})
+    second = results.run_dir("bisect", base=tmp_path, latest=False)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert second.name == "20261201-120000-2"
+    assert (tmp_path / "bisect" / "latest").resolve() == first.resolve()  # until it has a result
+    results.point_latest(second)
+    assert (tmp_path / "bisect" / "latest").resolve() == second.resolve()
+
+
 def cell(index, verdicts=None, skipped=None):
     c = {"cell": {"id": f"c{index}", "index": index, "package": "pytorch-lightning",
                   "lightning": "2.4.0", "torch": "2.4.1", "declared": ">=2.1.0,<2.5.0"}}

@@ -37,15 +37,26 @@ class Step:
 
 @dataclass
 class Outcome:
-    status: str  # found | no-good | ambiguous
+    status: str  # found | no-good | ambiguous | untestable
     first_bad: str | None = None
     last_good: str | None = None
     skipped_between: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     range_size: int = 0
+    why: str | None = None  # untestable: what could not be tested, and why
+    non_monotonic: list[str] = field(default_factory=list)  # "good at X, newer than bad Y"
+    ends: dict = field(default_factory=dict)  # "bad"/"good" -> {candidate, bad, runs}: the rates
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def tally(self) -> dict[str, list[str]]:
+        """Each candidate tested once, by its last verdict: good, bad, untestable."""
+        last = {s.candidate: s for s in self.steps}
+        out = {"good": [], "bad": [], "untestable": []}
+        for c, s in last.items():
+            out["untestable" if s.verdict == "skip" else s.verdict].append(c)
+        return out
 
 
 class State:
@@ -98,12 +109,18 @@ class State:
         self.data[key] = value
         if not self.path:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_path(), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            merged = {**self._read(), key: value}  # what other runs wrote meanwhile stays
-            write_json(self.path, merged)
-            self.data = {**merged, **self.data}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._lock_path(), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                merged = {**self._read(), key: value}  # what other runs wrote meanwhile stays
+                write_json(self.path, merged)  # a temporary file, fsync'd, renamed: all or nothing
+                self.data = {**merged, **self.data}
+        except OSError as err:  # a full or read-only disk: the file still holds the earlier steps
+            raise contract.HarnessFailure(
+                f"cannot save the verdict in the state file {self.path} ({err.strerror}); the "
+                "verdicts of the steps before it are kept there: make room and run the same command "
+                "to resume") from None
 
 
 def _invalid(data) -> str | None:
@@ -151,11 +168,13 @@ class Bisector:
         self.started = time.monotonic()
 
     # -- one candidate -------------------------------------------------------------------
-    def verdict(self, candidate: str, trials: int | None = None) -> str:
+    def verdict(self, candidate: str, trials: int | None = None, every: bool = False) -> str:
+        """good / bad / skip of ``candidate`` over ``trials`` runs: a bad run ends the step, unless
+        ``every`` (the ends: their rate is reported, so every run is made)."""
         trials = trials or self.trials
         key = self.key(candidate)
         cached = self.state.get(key)
-        if cached and len(cached["codes"]) >= trials or cached and cached["verdict"] == "bad":
+        if cached and (len(cached["codes"]) >= trials or cached["verdict"] == "bad" and not every):
             step = Step(candidate, cached["verdict"], cached["codes"], cached["seconds"], True,
                         cached.get("reason"))
             self.steps.append(step)
@@ -167,7 +186,7 @@ class Bisector:
             codes.append(code)
             reasons.append(reason)
             final = final and ok
-            if code == contract.BAD:
+            if code == contract.BAD and not every:
                 break
         verdict = combine(codes)
         seconds = round(time.monotonic() - start, 1)
@@ -216,17 +235,42 @@ class Bisector:
         return self.trials
 
     # -- the search ----------------------------------------------------------------------
-    def search_good(self, bad: int) -> int | None:
-        """Backwards from ``bad`` at doubling distance; the index of a good candidate or None."""
-        distance = 1
+    def _index_verdicts(self) -> dict[int, str]:
+        position = {c: i for i, c in enumerate(self.candidates)}
+        return {position[s.candidate]: s.verdict for s in self.steps if s.candidate in position}
+
+    def _neighbour(self, index: int, low: int, high: int, tries: int = 2) -> tuple[int, str]:
+        """After a skip at ``index``: its untested neighbours within (``low`` - 1, ``high``), older
+        and newer in turn, as ``git bisect skip`` moves to a candidate near the skipped one."""
+        tested = self._index_verdicts()
+        for k in range(1, tries + 1):
+            for near in (index - k, index + k):
+                if low <= near < high and near not in tested:
+                    verdict = self.verdict(self.candidates[near])
+                    if verdict != "skip":
+                        return near, verdict
+                    tested[near] = verdict
+        return index, "skip"
+
+    def search_good(self, bad: int) -> tuple[int | None, int]:
+        """Backwards from ``bad`` at doubling distance: (the index of a good candidate or None,
+        the index of the oldest bad one seen above it). After a skip its neighbours are tried."""
+        distance, nearest_bad = 1, bad
         while True:
             index = max(bad - distance, 0)
             self.log(f"[search back] {self.label(self.candidates[index])} ({distance} before "
                      f"{self.label(self.candidates[bad])})")
-            if self.verdict(self.candidates[index]) == "good":
-                return index
-            if index == 0:
-                return None
+            verdict = self.verdict(self.candidates[index])
+            if verdict == "skip":
+                self.log(f"[search back] {self.label(self.candidates[index])} could not be tested: "
+                         "trying its neighbours")
+                index, verdict = self._neighbour(index, 0, nearest_bad)
+            if verdict == "good":
+                return index, nearest_bad
+            if verdict == "bad":
+                nearest_bad = min(nearest_bad, index)
+            if bad - distance <= 0:
+                return None, nearest_bad
             distance *= 2
 
     def bisect(self, good: int, bad: int) -> Outcome:
@@ -256,22 +300,72 @@ class Bisector:
         return Outcome("ambiguous" if between else "found", self.candidates[bad],
                        self.candidates[good], between, self.steps, size)
 
+    def _end(self, index: int, want: str) -> tuple[str, dict]:
+        """Verify one end with every trial run: its verdict and its rate for the report."""
+        candidate = self.candidates[index]
+        self.log(f"[verify] {want} end {self.label(candidate)}")
+        verdict = self.verdict(candidate, every=True)
+        codes = self.steps[-1].codes
+        return verdict, {"candidate": candidate, "bad": codes.count(contract.BAD), "runs": len(codes)}
+
     def run(self, good: int | None, bad: int) -> Outcome:
-        """Verify the ends (or search for a good one), then bisect."""
-        self.log(f"[verify] bad end {self.label(self.candidates[bad])}")
-        if self.verdict(self.candidates[bad]) != "bad":
+        """Verify the ends (or search for a good one), then bisect. An end that cannot be tested
+        (its environment cannot be made, it crashes otherwise) is no verdict on the bug: the
+        outcome is then "untestable", with the reason."""
+        verdict, bad_end = self._end(bad, "bad")
+        if verdict == "skip":
+            return self._finish(Outcome("untestable", self.candidates[bad], None, [], self.steps,
+                                        why=f"the bad end {self.candidates[bad]} could not be "
+                                            f"tested{self._why()}"), {"bad": bad_end})
+        if verdict != "bad":
             raise contract.BadInput(f"the bad end {self.candidates[bad]} does not show the bug "
-                             f"({self.steps[-1].verdict}{self._why()})")
+                                    f"({self.steps[-1].verdict}{self._why()})")
+        ends, searched = {"bad": bad_end}, False
         if good is None:
-            good = self.search_good(bad)
+            good, bad = self.search_good(bad)
             if good is None:
-                return Outcome("no-good", self.candidates[bad], None, [], self.steps, bad + 1)
+                tally = Outcome("", steps=self.steps).tally()
+                if tally["untestable"]:
+                    return self._finish(Outcome(
+                        "untestable", self.candidates[bad], None, [], self.steps, bad + 1,
+                        why=f"no good release found among the {len(tally['bad'])} testable ones; "
+                            f"{len(tally['untestable'])} could not run"), ends)
+                return self._finish(Outcome("no-good", self.candidates[bad], None, [], self.steps,
+                                            bad + 1), ends)
+            ends["good"] = {"candidate": self.candidates[good], "bad": 0,
+                            "runs": len(self.steps_of(self.candidates[good])[-1].codes)}
+            searched = True
         else:
-            self.log(f"[verify] good end {self.label(self.candidates[good])}")
-            if self.verdict(self.candidates[good]) != "good":
+            verdict, ends["good"] = self._end(good, "good")
+            if verdict == "skip":
+                return self._finish(Outcome("untestable", self.candidates[bad], None, [], self.steps,
+                                            why=f"the good end {self.candidates[good]} could not "
+                                                f"be tested{self._why()}"), ends)
+            if verdict != "good":
                 raise contract.BadInput(f"the good end {self.candidates[good]} is not good "
-                                 f"({self.steps[-1].verdict}{self._why()})")
-        return self.bisect(good, bad)
+                                        f"({self.steps[-1].verdict}{self._why()})")
+        outcome = self.bisect(good, bad)
+        if searched and good > 0 and 0 not in self._index_verdicts():
+            # the search stopped at the first good candidate it met: one look at the oldest tells
+            # whether the bug also existed before that (it comes and goes)
+            self.log(f"[order check] the oldest candidate {self.label(self.candidates[0])}")
+            self.verdict(self.candidates[0])
+        return self._finish(outcome, ends)
+
+    def steps_of(self, candidate: str) -> list[Step]:
+        return [s for s in self.steps if s.candidate == candidate]
+
+    def _finish(self, outcome: Outcome, ends: dict) -> Outcome:
+        """The rates at the ends, and whether the verdicts seen order as a regression should."""
+        outcome.ends = ends
+        seen = self._index_verdicts()
+        bads = sorted(i for i, v in seen.items() if v == "bad")
+        later = [i for i, v in sorted(seen.items()) if v == "good" and bads and i > bads[0]]
+        if later:  # the oldest bad, and the good ones newer than it
+            more = f" (and {len(later) - 1} more)" if len(later) > 1 else ""
+            outcome.non_monotonic.append(f"good at {self.label(self.candidates[later[0]])}{more}, "
+                                         f"newer than bad {self.label(self.candidates[bads[0]])}")
+        return outcome
 
     def _why(self) -> str:
         reason = self.steps[-1].reason

@@ -2,9 +2,10 @@
 
     nox -s bisect -- [options] [-- repro options]
 
-Exit codes: 0 a first bad release/commit was found, 3 no good boundary ("never worked"),
-4 ambiguous (the first bad is among candidates that could not be tested), 2 bad input,
-128 a harness failure, 130 interrupted.
+Exit codes: 0 a first bad release/commit was found, 3 no good boundary ("never worked": every
+candidate tested was bad), 4 ambiguous (the first bad is among candidates that could not be
+tested), 5 untestable (an end, or every candidate that could be good, could not be tested: no
+verdict on the bug), 2 bad input, 128 a harness failure, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -31,7 +33,10 @@ from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
-EXIT = {"found": 0, "no-good": 3, "ambiguous": 4}
+EXIT = {"found": 0, "no-good": 3, "ambiguous": 4, "untestable": 5}
+INJECT = ROOT / "tools" / "inject"  # on a commit's PYTHONPATH: its source under every import name
+# a run that failed to import what it needs (another dependency set may serve)
+IMPORT_FAILED = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|No module named")
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -63,6 +68,7 @@ class Config:
     out: Path | None
     fresh_process: bool
     slurm: object = None  # slurm_jobs.Options with --executor slurm: each run is one SLURM job
+    extra: tuple[str, ...] = ()  # --with: what the repro needs besides Lightning and torch
 
     @property
     def repro_text(self) -> str:
@@ -122,6 +128,10 @@ def parse_args(argv) -> Config:
                    help="a new interpreter for every run (default: the runs of one candidate, its "
                         "trials included, are forks of one process that imported torch and "
                         "Lightning once)")
+    p.add_argument("--with", dest="extra", action="append", default=[], metavar="REQUIREMENT",
+                   help="a package the repro needs besides Lightning and torch (repeatable), "
+                        "installed in every candidate's environment as of that candidate's date, "
+                        "e.g. --with 'jsonargparse[signatures]'")
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
@@ -132,7 +142,7 @@ def parse_args(argv) -> Config:
     repro = Path(args.repro)
     if not repro.is_absolute():
         repro = (ROOT / repro) if (ROOT / repro).exists() else repro.resolve()
-    run_as = how_to_run(repro, args.repro)
+    run_as = harness.how_to_run(repro, "--repro", args.repro)
     own = own_repro(repro)
     verdict_line = own is not None and own.verdict_line or args.verdict_line
     if not (verdict_line or args.signature):
@@ -147,32 +157,18 @@ def parse_args(argv) -> Config:
         raise BadInput("--axis torch needs --lightning VERSION")
     if args.tier == "commits" and not (args.good and args.bad):
         raise BadInput("a commit bisect needs --good and --bad refs")
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for requirement in args.extra:
+        try:
+            Requirement(requirement)
+        except InvalidRequirement:
+            raise BadInput(f"--with {requirement!r} is not a requirement (e.g. 'jsonargparse>=4.39')") \
+                from None
     return Config(args.tier, args.axis, args.package, args.good, args.bad, args.oldest, args.torch,
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
-                  Path(args.out) if args.out else None, args.fresh_process, slurm)
-
-
-def how_to_run(repro: Path, given: str) -> str:
-    """"python" (a .py file or a python #! line) or "exec" (another #! line); else bad input."""
-    if repro.is_dir():
-        raise BadInput(f"--repro {given} is a directory, not a script")
-    if not repro.is_file():
-        raise BadInput(f"repro not found: {given}")
-    try:
-        with open(repro, "rb") as fh:
-            first = fh.readline(256)
-    except OSError as err:
-        raise BadInput(f"--repro {given}: cannot read it ({err.strerror})") from None
-    if first.startswith(b"#!"):
-        if b"python" in first:
-            return "python"
-        if not os.access(repro, os.X_OK):
-            raise BadInput(f"--repro {given} has a #! line but is not executable (chmod +x)")
-        return "exec"
-    if repro.suffix == ".py":
-        return "python"
-    raise BadInput(f"--repro {given}: cannot tell how to run it (not a .py file, no #! line)")
+                  Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra))
 
 
 # -- predicates ----------------------------------------------------------------------------
@@ -230,7 +226,10 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
     else:
         cmd = [str(python), *argv] if cfg.run_as == "python" else argv
         r = harness.run(cmd, env=env, **options)
-    return r.code, r.reason if r.code != 1 else (r.reason or "bug signature seen"), r.final
+    reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
+    if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
+        reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"
+    return r.code, reason, r.final
 
 
 def release_predicate(cfg: Config, out: Path):
@@ -242,9 +241,9 @@ def release_predicate(cfg: Config, out: Path):
             torch = cfg.torch if cfg.torch != "auto" else envs.era_torch(
                 index.release(package, version).uploaded)
         what = f"[{package} {version}, torch {torch}]"
+        ENV_OF[candidate] = env_name(package, version, torch, cfg.extra)
         try:
-            python = envs.ensure(f"{package}-{version}-torch{torch}",
-                                 envs.install_args(package, version, torch), log=print)
+            python = release_env(package, version, torch, cfg.extra)
         except envs.EnvError as err:
             return 125, f"{what} environment: {err}", False  # offline now, fine later: retried
         code, reason, final = run_repro(cfg, out, python,
@@ -252,6 +251,24 @@ def release_predicate(cfg: Config, out: Path):
                                         candidate=candidate)
         return code, f"{what} {reason or 'clean'}", final
     return test
+
+
+ENV_NOTES: dict[str, str] = {}  # environment name -> how it was resolved (for the report)
+ENV_OF: dict[str, str] = {}  # release candidate -> the name of its environment in this run
+
+
+def release_env(package: str, version: str, torch: str, extra: tuple[str, ...] = ()) -> Path:
+    """The cached era-correct environment of one release with one torch (``envs.plan``, the same
+    resolution as a matrix cell's), with the repro's ``--with`` requirements."""
+    name = env_name(package, version, torch, extra)
+    plan = envs.install_plan(package, version, torch, extra)
+    ENV_NOTES[name] = plan.describe()
+    return envs.ensure(name, plan.args, log=print)
+
+
+def env_name(package: str, version: str, torch: str, extra: tuple[str, ...] = ()) -> str:
+    tail = f"-with-{hashlib.sha256(json.dumps(extra).encode()).hexdigest()[:8]}" if extra else ""
+    return f"{package}-{version}-torch{torch}{tail}"
 
 
 def mode(cfg: Config) -> str:
@@ -266,7 +283,9 @@ def release_key(cfg: Config, candidate: str) -> str:
 
 
 def signature_key(cfg: Config) -> str:
-    return f"|signature={cfg.signature}" if cfg.signature else ""
+    """The rest of a verdict's key: the signature, and what ``--with`` adds to the environments."""
+    return ((f"|signature={cfg.signature}" if cfg.signature else "")
+            + (f"|with={','.join(cfg.extra)}" if cfg.extra else ""))
 
 
 # -- tiers ---------------------------------------------------------------------------------
@@ -310,7 +329,30 @@ def release_tier(cfg: Config, ends, log, out: Path) -> tuple[Outcome, list[str],
     return b.run(good, bad), names, b
 
 
-def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path):
+def base_release(cfg: Config, bad_ref: str, bad_date: str, first_bad: str | None) -> str | None:
+    """The release whose resolved dependency set the commits run on: the release tier's first bad
+    release, else the bad ref when it names a release, else the newest release out by the bad
+    commit's date (None: there is none; the commits' own requirements are used)."""
+    if first_bad:
+        return first_bad
+    found = index.releases(cfg.package)
+    try:
+        if Version(bad_ref) in found and found[Version(bad_ref)].installable_on(PY):
+            return str(Version(bad_ref))
+    except InvalidVersion:
+        pass
+    moment = datetime.fromisoformat(bad_date)
+    out = [v for v, r in found.items() if r.uploaded <= moment and r.installable_on(PY)]
+    return str(max(out)) if out else None
+
+
+def source_env(path: Path) -> dict:
+    """What a run needs to import the checkout at ``path`` under every Lightning import name."""
+    pythonpath = os.pathsep.join(filter(None, [str(INJECT), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": pythonpath, "WORKSPACE_LIGHTNING_SRC": str(path / "src")}
+
+
+def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_bad: str | None = None):
     from tools import gitrange
 
     source = cfg.repo or gitrange.UPSTREAM
@@ -324,29 +366,64 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path):
     by_sha = {c.sha: c for c in candidates}
     # a worktree of its own: a second bisect at the same time takes the next one
     wt = gitrange.Worktree.claim(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1])
-    torch = cfg.torch if cfg.torch != "auto" else envs.era_torch(
-        datetime.fromisoformat(candidates[-1].date))
+    base = base_release(cfg, bad_ref, candidates[-1].date, first_bad)
+    if cfg.torch != "auto":
+        torch = cfg.torch
+    elif base:  # the torch the release tier gave that release: its environment is reused as it is
+        torch = envs.era_torch(index.release(cfg.package, base).uploaded)
+    else:
+        torch = envs.era_torch(datetime.fromisoformat(candidates[-1].date))
+    base_name = base and f"{cfg.package} {base}'s dependencies"
+    used = {"base": 0, "own": 0}
+
+    def own_requirements(sha: str):
+        reqs = [*wt.requirements(), *cfg.extra]
+        moment = datetime.fromisoformat(by_sha[sha].date)
+        key = hashlib.sha256(json.dumps([reqs, torch]).encode()).hexdigest()[:12]
+        plan = envs.plan(reqs, torch, moment)
+        ENV_NOTES[f"commit-{key}"] = plan.describe()
+        return envs.ensure(f"commit-{key}", plan.args, log=log)
 
     def test(sha: str):
         path = wt.checkout(sha)
-        reqs = wt.requirements()
-        moment = datetime.fromisoformat(by_sha[sha].date)
-        key = hashlib.sha256(json.dumps([reqs, torch]).encode()).hexdigest()[:12]
+        if not (path / "src" / "lightning" / "pytorch").is_dir():  # the layout before 1.8
+            return 125, "no src/lightning/pytorch at this commit: cannot run it from source", True
+        note = ""
+        if base:
+            try:
+                python = release_env(cfg.package, base, torch, cfg.extra)
+            except envs.EnvError as err:
+                return 125, f"environment of {base_name}: {err}", False
+            code, reason, final = run_repro(cfg, out, python, source_env(path), "lightning.pytorch",
+                                            out / "logs" / sha[:12], candidate=sha)
+            if not (code == contract.SKIP and reason and IMPORT_FAILED.search(reason)):
+                used["base"] += 1
+                return code, reason, final
+            note = f"on {base_name} the import failed ({reason[:100]}); "
         try:
-            python = envs.ensure(f"commit-{key}", envs.era_args(reqs, torch, moment), log=log)
+            python = own_requirements(sha)
         except envs.EnvError as err:
-            return 125, f"environment: {err}", False
-        return run_repro(cfg, out, python, {"PYTHONPATH": str(path / "src")}, "lightning.pytorch",
-                         out / "logs" / sha[:12], candidate=sha)
+            return 125, f"{note}environment of the commit's own requirements: {err}", False
+        used["own"] += 1
+        code, reason, final = run_repro(cfg, out, python, source_env(path), "lightning.pytorch",
+                                        out / "logs" / f"{sha[:12]}-own", candidate=f"{sha}-own")
+        return code, f"{note}with the commit's own requirements: {reason or 'clean'}", final
 
     def key(sha: str) -> str:
-        return f"{cfg.repro_key}|commit {sha}|torch=={torch}|py{PY}{mode(cfg)}{signature_key(cfg)}"
+        on = f"|on {cfg.package}=={base}" if base else ""
+        return f"{cfg.repro_key}|commit {sha}|torch=={torch}{on}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
     b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
                  label=lambda sha: by_sha[sha].label)
     b.trials = b.auto_trials(candidates[-1].sha) if cfg.trials == "auto" else cfg.trials
     outcome = b.run(0, len(candidates) - 1)
-    return outcome, candidates, notes, torch, source, b
+    base_note = ENV_NOTES.get(env_name(cfg.package, base, torch, cfg.extra), "made by an earlier run")
+    how = (f"each commit's source (not installed) on the environment of {cfg.package} {base} with "
+           f"torch {torch} ({base_note})"
+           if base else f"each commit's source on its own requirements with torch {torch}")
+    if used["own"] and base:
+        how += f"; {used['own']} commit(s) could not import there and ran on their own requirements"
+    return outcome, candidates, [*notes], torch, source, b, how
 
 
 # -- report --------------------------------------------------------------------------------
@@ -356,6 +433,31 @@ def github(source: str | None) -> str | None:
 
     src = source or gitrange.UPSTREAM
     return src.removesuffix(".git") if src.startswith("https://github.com/") else gitrange.UPSTREAM
+
+
+def tier_facts(o: Outcome, label, what: str) -> list[str]:
+    """What every report says of a tier: the tally, the order of the verdicts, the ends' rates."""
+    tally = o.tally()
+    reasons = {}
+    for s in o.steps:
+        if s.candidate in tally["untestable"] and s.reason:
+            reasons[label(s.candidate)] = s.reason
+    lines = [f"- {what} tested: {len(tally['good'])} good, {len(tally['bad'])} bad, "
+             f"{len(tally['untestable'])} could not be tested"
+             + (":" if reasons else ".")]
+    lines += [f"  - {name}: {reason[:200]}" for name, reason in reasons.items()]
+    if o.non_monotonic:
+        lines.append("- **Not monotonic**: " + "; ".join(o.non_monotonic) + ". The bug comes and "
+                     "goes in this range: the boundary named is the one nearest the bad end.")
+    elif len(tally["good"]) + len(tally["bad"]) > 1:
+        lines.append("- Monotonic over what was tested: every good candidate is older than every "
+                     "bad one.")
+    for end in ("bad", "good"):
+        e = o.ends.get(end)
+        if e:
+            lines.append(f"- Reproduction rate at the {end} end {label(e['candidate'])}: the bug "
+                         f"showed in {e['bad']}/{e['runs']} runs.")
+    return lines
 
 
 def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds: float) -> str:
@@ -369,9 +471,20 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
                          f"(searched back from {o.first_bad} to {cfg.oldest}).")
         elif o.status == "found":
             lines.append(f"First bad {what} release: **{o.first_bad}** (last good: {o.last_good}).")
+        elif o.status == "untestable":
+            lines.append(f"**No answer: {o.why}.** This is no verdict on the bug: the candidates "
+                         "below could not be tested.")
         else:
             lines.append(f"First bad {what} release is one of {', '.join(o.skipped_between)}, "
                          f"{o.first_bad} (the others could not be tested).")
+        lines += ["", *tier_facts(o, str, f"{what} releases")]
+        for end in ("bad", "good"):
+            e = o.ends.get(end)
+            if e:
+                name = ENV_OF.get(e["candidate"])
+                lines.append(f"- Environment of the {end} end: " + (
+                    f"`{name}`, {ENV_NOTES[name]}." if name in ENV_NOTES else
+                    "not made by this run (its verdicts came from the state file)."))
     if commit:
         o, candidates = commit["outcome"], commit["candidates"]
         by_sha = {c.sha: c for c in candidates}
@@ -386,9 +499,13 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
             pr = f" — PR [#{c.pr}]({base}/pull/{c.pr})" if c.pr else ""
             lines.append(f"First bad commit: [`{c.sha[:12]}`]({base}/commit/{c.sha}) "
                          f"{c.subject}{pr}")
+        elif o.status == "untestable":
+            lines.append(f"**No commit named: {o.why}.** This is no verdict on the bug.")
         else:
             lines.append(f"First bad commit is one of: "
                          f"{', '.join(s[:12] for s in [*o.skipped_between, o.first_bad])}")
+        label = lambda sha: by_sha[sha].label if sha in by_sha else sha  # noqa: E731
+        lines += ["", *tier_facts(o, label, "commits"), f"- How commits ran: {commit['how']}."]
     torch = commit["torch"] if commit else cfg.torch
     lines += ["", f"Repro: `{cfg.repro_text}`" +
               (f", bad when the output matches `/{cfg.signature}/`" if cfg.signature else "") +
@@ -413,13 +530,14 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
 
 def writable(folder: Path | None, what: str) -> Path:
     """``folder`` (None: a new ``results/bisect/<time>``), made and checked before any step."""
+    where = Path(folder) if folder else results.kind_dir("bisect")
     try:
-        folder = Path(folder) if folder else results.run_dir("bisect")
+        folder = Path(folder) if folder else results.run_dir("bisect", latest=False)
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        raise BadInput(f"{what} {folder or ''}: cannot write there ({err.strerror})") from None
+        raise BadInput(f"{what} {where}: cannot write there ({err.strerror})") from None
     return folder
 
 
@@ -436,8 +554,21 @@ def bisect(cfg: Config, argv: list[str], log) -> int:
     state = State(cfg.state)  # a broken state file is bad input, before anything runs
     state.check_writable()
     release_ends_ = release_ends(cfg) if cfg.tier in ("releases", "both") else None
+    if cfg.torch != "auto":  # an unknown release is bad input now, not at the first step
+        index.release("torch", cfg.torch)
+    if cfg.lightning:
+        index.release(cfg.package, cfg.lightning)
     writable(CACHE, "the cache folder")
     out = writable(cfg.out, "--out") if cfg.out else writable(None, "the results folder")
+    try:
+        return _tiers(cfg, argv, log, out, release_ends_, start)
+    except contract.BadInput:
+        if not cfg.out:
+            results.forget(out)  # nothing was written there: no empty folder left behind
+        raise
+
+
+def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: float) -> int:
     release = commit = None
     status = "found"
     try:
@@ -452,21 +583,23 @@ def bisect(cfg: Config, argv: list[str], log) -> int:
         else:
             good = bad = None
         if good and bad:
-            outcome, candidates, notes, torch, source, b = commit_tier(cfg, good, bad, log, out)
+            first_bad = release and release["outcome"].first_bad if cfg.tier == "both" else None
+            outcome, candidates, notes, torch, source, b, how = commit_tier(cfg, good, bad, log, out,
+                                                                            first_bad)
             commit = {"outcome": outcome, "candidates": candidates, "notes": notes,
-                      "source": source, "torch": torch, "bisector": b}
+                      "source": source, "torch": torch, "bisector": b, "how": how}
             status = outcome.status
     finally:
         RUNNERS.close()
     text = report(cfg, argv, release, commit, time.monotonic() - start)
-    data = {"status": status, "argv": argv,
+    data = {"status": status, "argv": argv, "environments": dict(ENV_NOTES),
             "releases": release and {"outcome": release["outcome"].to_dict(),
                                      "trials": release["bisector"].trials,
                                      "rate": release["bisector"].rate},
             "commits": commit and {"outcome": commit["outcome"].to_dict(),
                                    "trials": commit["bisector"].trials,
                                    "rate": commit["bisector"].rate,
-                                   "notes": commit["notes"],
+                                   "notes": commit["notes"], "how": commit["how"],
                                    "commits": [c.__dict__ for c in commit["candidates"]]}}
     try:
         results.write_atomic(out / "report.md", text)
@@ -474,6 +607,8 @@ def bisect(cfg: Config, argv: list[str], log) -> int:
     except OSError as err:
         print(text)
         raise BadInput(f"cannot write the report in {out} ({err.strerror}); it is printed above") from None
+    if not cfg.out:
+        results.point_latest(out)
     print(text)
     print(f"report: {out / 'report.md'}")
     return EXIT[status]

@@ -22,7 +22,7 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="nox -s repro --", add_help=False)
     p.add_argument("--include-unsupported", action="store_true",
                    help="also run cells outside a release's declared torch range")
-    p.add_argument("--timeout", type=float, default=300.0, help="wall-clock limit per repro run")
+    p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit per repro run")
     p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
     p.add_argument("--signature", help="regex the --script output must show to count as bad")
     p.add_argument("--verdict-line", action="store_true",
@@ -50,9 +50,10 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     except contract.BadInput as err:
         p.error(str(err))
     if opts.script:
-        script = Path(opts.script)
-        if not script.is_file():
-            p.error(f"--script {opts.script}: {'is a directory' if script.is_dir() else 'not found'}")
+        try:
+            harness.how_to_run(Path(opts.script), "--script", opts.script)
+        except contract.BadInput as err:
+            p.error(str(err))
         if not (opts.signature or opts.verdict_line):
             p.error("--script needs --signature REGEX (what its output shows when the bug is there), "
                     "or --verdict-line if it prints the contract's verdict line")
@@ -61,6 +62,30 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     except contract.BadInput as err:
         p.error(str(err))
     return opts, rest
+
+
+def open_results() -> Path:
+    """This nox run's ``results/repro/<time>/``, or one line and exit 2 when it cannot be made
+    (a read-only or full disk), before any cell runs."""
+    where = results.kind_dir("repro")
+    try:
+        out = results.run_dir("repro")
+        with open(out / ".writable", "w"):
+            pass
+        os.unlink(out / ".writable")
+    except OSError as err:
+        raise contract.BadInput(f"the results folder {where}: cannot write there ({err.strerror})") from None
+    return out
+
+
+def save(path: Path, data) -> None:
+    """A cell's result file, written atomically; a disk that refuses it is a harness failure
+    (what ran is kept in the files written before), never a traceback."""
+    try:
+        results.write_json(path, data)
+    except OSError as err:
+        raise contract.HarnessFailure(f"cannot write {path} ({err.strerror}): the cells written "
+                                      "before it are kept") from None
 
 
 def _clock(seconds: float) -> str:
@@ -104,7 +129,7 @@ def install(session, cell: Cell, out: Path) -> None:
 
 
 def record_skip(cell: Cell, reason: str, out: Path) -> None:
-    results.write_json(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
+    save(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
 
 
 def add_slurm_task(cell: Cell, python: str, out: Path, opts: argparse.Namespace,
@@ -181,7 +206,7 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
         flag = "" if expect in (None, res.verdict) else f"  (expected {expect})"
         log(f"  {name}: {results.cell_text(res.to_dict())} [{res.seconds:.1f} s]{flag}")
         outcome["seconds"] = round(time.monotonic() - started, 1)
-        results.write_json(out / "cells" / f"{cell.id}.json", outcome)  # nothing lost on Ctrl-C
+        save(out / "cells" / f"{cell.id}.json", outcome)  # nothing lost on Ctrl-C
 
     if preloaded:
         logs.mkdir(parents=True, exist_ok=True)
@@ -210,13 +235,16 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
             res = harness.RunResult(contract.SKIP, "skip", "runs on one node only (no multinode in "
                                     "repro/matrix.toml)", 0.0, None)
         else:
-            res = harness.run([python, *job["argv"]], timeout=job["timeout"],
-                              log_stem=job["log_stem"], signature=job["signature"])
+            own_exec = job["name"].startswith("script:") and harness.how_to_run(
+                Path(script), "--script") == "exec"  # a #! script of another language: as it is
+            res = harness.run(job["argv"] if own_exec else [python, *job["argv"]], timeout=job["timeout"],
+                              log_stem=job["log_stem"], signature=job["signature"],
+                              env=harness.env_for(python))
         record(job["name"], res)
     outcome["seconds"] = round(time.monotonic() - started, 1)
     del outcome["incomplete"]
     _DONE.append(outcome["seconds"])
-    results.write_json(out / "cells" / f"{cell.id}.json", outcome)
+    save(out / "cells" / f"{cell.id}.json", outcome)
     write_summary(out, matrix, script)
     return outcome
 

@@ -54,9 +54,9 @@ class Judgement:
 
 
 def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
-          stopped: str | None = None, timeout: float | None = None) -> Judgement:
+          stopped: str | None = None, timeout: float | None = None, seen: bool = False) -> Judgement:
     """The verdict of one run: its exit status ``rc`` (negative: killed by that signal), its
-    output, the user's ``signature`` regex, and why the supervisor stopped it (``stopped``:
+    output (or its end), the user's ``signature`` regex, and why the supervisor stopped it (``stopped``:
     ``"timeout"``, ``"peer"`` or None).
 
     "bad" only when the bug's signature was seen: a verdict line saying bad, or ``signature``
@@ -69,7 +69,9 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
     def verdict(code, reason=None, final=False):
         return Judgement(code, reason, record, final)
 
-    seen = bool(signature) and re.search(signature, stdout + stderr) is not None
+    # ``seen``: the caller already found it in the output (the harness matches every line as it
+    # streams, keeping only the end of a long output)
+    seen = seen or bool(signature) and re.search(signature, stdout + stderr) is not None
     if stopped == "timeout":
         return verdict(SKIP, f"timed out after {timeout:g} s; process group killed")
     if stopped == "peer":
@@ -97,8 +99,9 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
         return verdict(BAD, record.get("signature") or "bug signature seen", True)
     if rc == GOOD:
         return verdict(GOOD, None, True)
-    if rc == SKIP:
-        return verdict(SKIP, (record or {}).get("details", {}).get("reason"), True)
+    if rc == SKIP:  # declared: its reason, or what it said last
+        return verdict(SKIP, (record or {}).get("details", {}).get("reason") or _tail(stderr) or None,
+                       True)
     if rc >= FAIL:
         return verdict(rc, f"the repro reported a harness failure (exit {rc})")
     return verdict(SKIP, f"unrelated exit code {rc}: {_tail(stderr)}")
@@ -116,6 +119,21 @@ def check_signature(signature: str | None) -> str | None:
         except re.error as err:
             raise BadInput(f"--signature {signature!r} is not a valid regex: {err}") from None
     return signature
+
+
+def seconds(text: str) -> float:
+    """An argparse type for a duration: a finite number > 0 (a negative timeout would make every
+    run "time out" at once)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text}")
+    return value
 
 
 def check_trials(trials: str) -> int | str:

@@ -1,9 +1,12 @@
 """Era-correct environments: Lightning's dependencies as of its release date, torch as the matrix says.
 
-A cell installs ``torch==T`` and ``<package>==V`` with uv's ``--exclude-newer`` set to the day
-after V's upload, so old releases get the setuptools, torchmetrics, ... of their time. torch and
-its own dependency closure are exempt (``--exclude-newer-package``): they are resolved as of the
-later of the two release dates, so the pinned torch is always installable.
+A cell or a bisect candidate installs ``torch==T`` and ``<package>==V`` (``plan``: the one place
+an environment's resolution is decided) with uv's ``--exclude-newer`` set to the day after V's
+upload, so old releases get the setuptools, torchmetrics, ... of their time; setuptools is always
+installed, as every venv of those years had it. torch and its own dependency closure are exempt
+(``--exclude-newer-package``): they are resolved as of the later of the two release dates, so the
+pinned torch is always installable; packages both need keep the release's date where torch
+accepts that version.
 Where torch comes from is uv's business: ``UV_INDEX``, ``UV_FIND_LINKS``, ... in the environment.
 
 Every environment made here has its bytecode compiled at install (uv's ``UV_COMPILE_BYTECODE``):
@@ -16,12 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tools import index
@@ -85,7 +91,19 @@ def torch_closure(torch_version: str, earliest: datetime) -> tuple[list[str], st
 
 def install_args(package: str, version: str, torch_version: str) -> list[str]:
     """Arguments for ``uv pip install`` (nox's ``session.install``) of one era-correct cell."""
-    return era_args([f"{package}=={version}"], torch_version, index.release(package, version).uploaded)
+    return install_plan(package, version, torch_version).args
+
+
+def install_plan(package: str, version: str, torch_version: str, extra: tuple[str, ...] = ()) -> Plan:
+    """The era-correct plan of one release with one torch (and ``extra`` requirements of the
+    user's script, resolved as of the same date): what cells and bisects both install."""
+    for requirement in extra:
+        try:
+            Requirement(requirement)
+        except ValueError:
+            raise EnvError(f"--with {requirement!r} is not a requirement") from None
+    return plan([f"{package}=={version}", *extra], torch_version,
+                index.release(package, version).uploaded)
 
 
 ENVS = Path(__file__).resolve().parent.parent / ".cache" / "envs"
@@ -116,16 +134,131 @@ def ensure(name: str, args: list[str], python: str = "3.11", log=None) -> Path:
     return folder / "bin" / "python"
 
 
-def era_args(requirements: list[str], torch_version: str, moment: datetime) -> list[str]:
-    """``uv pip install`` arguments for requirements as of ``moment`` with ``torch==T`` exempt."""
+# What every virtual environment of a release's era had without asking: pip's venvs seeded
+# setuptools, and lightning-utilities up to 0.11 (every pytorch-lightning from 1.9.5 to 2.3.3)
+# imports pkg_resources from it, which setuptools 82 removed. A plain ``uv venv`` seeds nothing.
+SEED = ("setuptools",)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one environment is resolved: the release's own dependencies as of its date, torch's
+    closure as of torch's, and packages both need as close to the release's date as torch allows."""
+
+    args: list[str]  # for ``uv pip install``
+    era: str  # cutoff of the release's own dependencies (uv's --exclude-newer)
+    torch_era: str  # cutoff of torch's closure
+    by_torch_date: list[str]  # torch's closure less the shared: resolved as of torch's date
+    shared: dict[str, str]  # needed by both: the cutoff each got (the era where torch allows)
+
+    def describe(self) -> str:
+        """One line for a report's environment section."""
+        line = f"dependencies as of {self.era} (uv --exclude-newer), torch's closure as of {self.torch_era}"
+        at_era = [n for n, d in self.shared.items() if d == self.era]
+        later = [f"{n} as of {d}" for n, d in self.shared.items() if d != self.era]
+        if at_era:
+            line += f"; needed by both and kept at the release's date: {', '.join(at_era)}"
+        if later:
+            line += f"; needed by both, as early as torch allows: {', '.join(later)}"
+        return line
+
+
+def _compile(args: list[str], annotate: bool = False) -> subprocess.CompletedProcess:
+    reqs = [a for a in args if not a.startswith("--")]
+    flags = [a for a in args if a.startswith("--")]
+    py = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    cmd = [index.uv(), "pip", "compile", "-", "--quiet", "--no-header", "--python-version", py,
+           *([] if annotate else ["--no-annotate"]), *flags]
+    return subprocess.run(cmd, input="\n".join(reqs) + "\n", capture_output=True, text=True)
+
+
+def _own_closure(compiled: str, roots: set[str]) -> set[str]:
+    """Packages reachable from ``roots`` in ``uv pip compile``'s annotated output, not through
+    torch (whatever torch needs only for itself is torch's business)."""
+    via: dict[str, set[str]] = {}  # package -> the packages that need it
+    current = None
+    for line in compiled.splitlines():
+        if line and not line.startswith((" ", "#")):
+            current = canonicalize_name(re.split(r"[=<>!~ ;\[]", line, maxsplit=1)[0])
+            via[current] = set()
+        elif current and line.strip().startswith("#"):
+            name = line.strip().lstrip("#").strip().removeprefix("via").strip()
+            if name and not name.startswith("-r"):
+                via[current].add(canonicalize_name(name))
+    own, grew = set(roots) - {"torch"}, True
+    while grew:
+        grew = False
+        for package, parents in via.items():
+            if package not in own and package != "torch" and parents & own:
+                own.add(package)
+                grew = True
+    return own
+
+
+def _days(start: str, end: str) -> list[str]:
+    first, last = datetime.fromisoformat(start), datetime.fromisoformat(end)
+    return [(first + timedelta(days=n)).date().isoformat() for n in range((last - first).days + 1)]
+
+
+def plan(requirements: list[str], torch_version: str, moment: datetime) -> Plan:
+    """The ``uv pip install`` plan for ``requirements`` as of ``moment`` with ``torch==T``.
+
+    torch and its dependency closure are exempt from the era cutoff (so the pinned torch is always
+    installable), except the packages the release needs too (setuptools, fsspec, typing-extensions,
+    ...): each of those gets the release's date, or where torch needs a newer one (torch 2.13 asks
+    for setuptools >= 77.0.3) the earliest date torch accepts, found by bisecting the days. So an
+    old release gets a setuptools that still has the ``pkg_resources`` it imports, whatever torch
+    is chosen. Cached by input.
+    """
     torch = index.release("torch", torch_version)
-    exempt, torch_era = torch_closure(torch_version, max(moment, torch.uploaded))
+    closure, torch_era = torch_closure(torch_version, max(moment, torch.uploaded))
+    era = index.day_after(moment)
     # torch wheels before 2.3 were built against NumPy 1.x and cannot use NumPy 2 ("Numpy is not
     # available"): a fact of torch's builds, whatever the era of the other packages
     abi = ["numpy<2"] if torch.version < Version("2.3") else []
-    return [f"torch=={torch_version}", *requirements, *abi,
-            f"--exclude-newer={index.day_after(moment)}",
-            *(f"--exclude-newer-package={name}={torch_era}" for name in exempt)]
+    base = [f"torch=={torch_version}", *requirements, *SEED, *abi, f"--exclude-newer={era}"]
+    key = hashlib.sha256(json.dumps(["v2", base, closure, torch_era]).encode()).hexdigest()[:16]
+    path = CACHE / f"plan-{key}.json"
+    if path.exists():
+        return Plan(**json.loads(path.read_text()))
+
+    def args_with(dates: dict[str, str]) -> list[str]:
+        return base + [f"--exclude-newer-package={name}={dates.get(name, torch_era)}"
+                       for name in sorted(closure)]
+
+    loose = _compile(args_with({}), annotate=True)
+    if loose.returncode:
+        lines = [line.strip() for line in loose.stderr.splitlines() if line.strip()]
+        why = next((line.removeprefix("cause: ") for line in lines if "Because" in line),
+                   lines[-1] if lines else "?")
+        raise EnvError(f"requirements unsatisfiable with torch {torch_version}: {why}")
+    roots = {canonicalize_name(Requirement(r).name) for r in [*requirements, *SEED]}
+    shared = sorted((_own_closure(loose.stdout, roots) & set(closure)) - {"torch"})
+    dates = {name: era for name in shared}
+    if shared and _compile(args_with(dates)).returncode:
+        dates = {}
+        for name in shared:  # the earliest day each one resolves, the others as found so far
+            days = _days(era, torch_era)
+            lo, hi = 0, len(days) - 1  # days[hi] resolves (torch's own date)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _compile(args_with({**dates, name: days[mid]})).returncode == 0:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            dates[name] = days[hi]
+    found = Plan(args_with(dates), era, torch_era, sorted(set(closure) - set(shared) - {"torch"}),
+                 dates)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(found.__dict__))
+    os.replace(tmp, path)
+    return found
+
+
+def era_args(requirements: list[str], torch_version: str, moment: datetime) -> list[str]:
+    """``uv pip install`` arguments for requirements as of ``moment`` with ``torch==T``."""
+    return plan(requirements, torch_version, moment).args
 
 
 def era_torch(moment: datetime, python: str = "3.11") -> str:

@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import itertools
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,16 +56,40 @@ def repo_at(path: str | Path) -> git.Repo:
     return repo
 
 
-def open_repo(source: str, cache: Path) -> git.Repo:
-    """A private clone of ``source`` (a path or URL) under ``cache``, made once, then reused."""
+def _identity(source: str) -> str:
+    """What tells a local repository from another one made later at the same path: the inode of
+    its object store (a clone made with ``--shared`` reads that store, and breaks when it goes)."""
+    root = Path(source)
+    objects = root / ".git" / "objects" if (root / ".git").is_dir() else root / "objects"
+    st = objects.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def open_repo(source: str, cache: Path, log=print) -> git.Repo:
+    """A private clone of ``source`` (a path or URL) under ``cache``, made once, then reused. A
+    local source that was deleted and made again is cloned again (the old clone borrowed the
+    objects of the one that is gone), and the log says so."""
     name = hashlib.sha256(source.encode()).hexdigest()[:12]
     target = cache / name
+    marker = target.with_name(f"{name}.source")
     if (target / ".git").exists() or (target / "HEAD").exists():
-        repo = git.Repo(target)
-        if Path(source).exists():  # pick up new commits of a local source
-            # --force: a tag moved in the source (re-tagged) is moved here too, not a failed fetch
-            repo.git.fetch("--quiet", "--tags", "--force", "origin", "+refs/heads/*:refs/remotes/origin/*")
-        return repo
+        local = Path(source).exists()
+        same = not local or not marker.exists() or marker.read_text() == _identity(source)
+        try:
+            if same:
+                repo = git.Repo(target)
+                if local:  # pick up new commits of a local source
+                    # --force: a tag moved in the source (re-tagged) is moved here, not a failed fetch
+                    repo.git.fetch("--quiet", "--tags", "--force", "origin",
+                                   "+refs/heads/*:refs/remotes/origin/*")
+                    marker.write_text(_identity(source))
+                return repo
+        except git.GitCommandError:
+            if not local:
+                raise
+        log(f"[repo] {source} is not the repository the cached clone was made from (deleted and "
+            "made again?): cloning it again")
+        shutil.rmtree(target)
     if Path(source).exists():
         repo_at(source)
     elif "://" not in source and not source.startswith("git@"):
@@ -72,9 +97,12 @@ def open_repo(source: str, cache: Path) -> git.Repo:
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         shared = ["--shared"] if Path(source).exists() else []
-        return git.Repo.clone_from(source, target, no_checkout=True, multi_options=shared)
+        repo = git.Repo.clone_from(source, target, no_checkout=True, multi_options=shared)
     except git.GitCommandError as err:
         raise BadInput(f"cannot clone {source}: {err.stderr.strip().splitlines()[-1:]}") from None
+    if shared:
+        marker.write_text(_identity(source))
+    return repo
 
 
 def resolve(repo: git.Repo, ref: str) -> str:

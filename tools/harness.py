@@ -40,6 +40,47 @@ class RunResult:
         return asdict(self)
 
 
+def how_to_run(script: Path, option: str, given: str | None = None) -> str:
+    """How a user's script runs, checked before anything else: ``"python"`` (a ``.py`` file or a
+    ``#!`` line naming python: the environment's interpreter runs it) or ``"exec"`` (another
+    ``#!`` line, executable: it runs as it is, the environment's ``bin`` first on ``PATH``). A
+    folder, a missing file, a plain text file or a ``#!`` script without the executable bit is
+    bad input, named after the ``option`` that gave it."""
+    given = given or str(script)
+    script = Path(script)
+    if script.is_dir():
+        raise contract.BadInput(f"{option} {given} is a directory, not a script")
+    if not script.is_file():
+        raise contract.BadInput(f"{option} {given}: not found")
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline(256)
+    except OSError as err:
+        raise contract.BadInput(f"{option} {given}: cannot read it ({err.strerror})") from None
+    if first.startswith(b"#!"):
+        if b"python" in first:
+            return "python"
+        if not os.access(script, os.X_OK):
+            raise contract.BadInput(f"{option} {given} has a #! line but is not executable (chmod +x)")
+        return "exec"
+    if script.suffix == ".py":
+        return "python"
+    raise contract.BadInput(f"{option} {given}: cannot tell how to run it (not a .py file, no #! line)")
+
+
+def script_command(script: Path, kind: str, python: Path) -> list[str]:
+    """The command line of a script ``how_to_run`` judged ``kind``, in ``python``'s environment
+    (an ``exec`` script finds that ``python`` first on ``PATH``: see ``env_for``)."""
+    return [str(python), str(script)] if kind == "python" else [str(script)]
+
+
+def env_for(python: Path, env: dict | None = None) -> dict:
+    """``env`` (default: this process's) with ``python``'s ``bin`` folder first on ``PATH``."""
+    env = dict(os.environ if env is None else env)
+    env["PATH"] = f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
 def group_members(pgid: int) -> set[int]:
     """PIDs whose process group is ``pgid`` (Linux /proc)."""
     members = set()
@@ -73,6 +114,7 @@ def kill_group(pgid: int, grace: float = 3.0) -> list[int]:
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
 RANKS_FILE = "HARNESS_RANKS_FILE"  # where a launcher that forks its ranks declares their pids
+RUN_ID = "HARNESS_RUN_ID"  # in every run's environment: tells its escaped processes apart
 
 
 def _rank_id(pid: int) -> tuple | None:
@@ -111,7 +153,7 @@ def _declared(path: str | None) -> set[int]:
 
 
 def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None, poll: float = 0.1,
-          stop=None):
+          stop=None, pump=time.sleep):
     """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'
     (a rank died, or ``stop``, a ``threading.Event``, was set: another node of the job ended).
 
@@ -135,7 +177,7 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
             return "peer"
         if stop is not None and stop.is_set():
             return "peer"
-        time.sleep(poll)
+        pump(poll)  # the run's output, as it comes (or just the wait)
     return None
 
 
@@ -145,8 +187,8 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     """Run ``cmd`` (a repro) and judge it by the contract (``contract.judge``): exit 1 is bad
     only with a verdict line saying so or with ``signature``, a regex found in its output (for
     a user's own script that prints no verdict line)."""
-    def start(out, err, ranks_file):
-        child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file}
+    def start(out, err, ranks_file, _readers, run_id):
+        child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env=child_env, cwd=cwd, start_new_session=True)
 
@@ -168,7 +210,7 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
     (torch's intra-op threads or any other thread: a fork copies only the forking thread, so a
     lock held by another thread stays locked forever in the child), no process group initialised.
     """
-    def start(out, err, ranks_file):
+    def start(out, err, ranks_file, readers, run_id):
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
@@ -178,7 +220,7 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
         try:
             pid = os.fork()
             if pid == 0:  # the child: never returns
-                _child(target, out, err, parent, mask, ranks_file)
+                _child(target, out, err, parent, mask, ranks_file, readers, run_id)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return _Forked(pid)
@@ -201,9 +243,12 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
         os._exit(128 + signal.SIGKILL)
 
 
-def _child(target, out, err, parent: int, mask, ranks_file: str) -> None:
+def _child(target, out: int, err: int, parent: int, mask, ranks_file: str, readers=(),
+           run_id: str = "") -> None:
     code = 1
     try:
+        for fd in readers:  # the parent's ends of the output pipes
+            os.close(fd)
         os.setsid()
         die_with_parent(parent)
         # the signal dispositions of a fresh interpreter, whatever the parent installed
@@ -211,11 +256,12 @@ def _child(target, out, err, parent: int, mask, ranks_file: str) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.environ[RANKS_FILE] = ranks_file
+        os.environ[RUN_ID] = run_id  # what the processes it starts carry (see _kill_escaped)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        os.dup2(out.fileno(), 1)
-        os.dup2(err.fileno(), 2)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
         # the parent's sys.stdout / sys.stderr may not write to fds 1 and 2 (pytest's capture)
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
@@ -262,40 +308,153 @@ class _Forked:
         return self.returncode
 
 
+TAIL = 2 << 20  # bytes of each stream kept for the judgement (the verdict line is the last)
+LINE = 64 << 10  # a line longer than this is matched in pieces
+
+
+class _Sink:
+    """A run's stdout and stderr, read from pipes as they come: written to the log files, the
+    last ``TAIL`` bytes kept for the judgement, every line matched against the signature (so a
+    run that prints 100 MB costs a few MB here, and the signature counts wherever it was). A log
+    that cannot be written (a full or read-only disk) is remembered: that run has no verdict."""
+
+    def __init__(self, paths, signature: str | None):
+        import re
+        import selectors
+
+        self.pattern = re.compile(signature) if signature else None
+        self.seen = False
+        self.error: OSError | None = None
+        self.files, self.tails, self.partial, self.fds = [], [bytearray(), bytearray()], [b"", b""], []
+        for path in paths:
+            try:
+                self.files.append(open(path, "wb") if path else None)  # noqa: SIM115
+            except OSError as err:
+                self.error = self.error or err
+                self.files.append(None)
+        self.selector = selectors.DefaultSelector()
+
+    def attach(self, out_fd: int, err_fd: int) -> None:
+        for i, fd in enumerate((out_fd, err_fd)):
+            os.set_blocking(fd, False)
+            self.selector.register(fd, 1, i)  # EVENT_READ
+            self.fds.append(fd)
+
+    def pump(self, wait: float) -> None:
+        """Take what the pipes hold, waiting up to ``wait`` seconds for something to come."""
+        for key, _ in self.selector.select(wait):
+            self._read(key.fd, key.data)
+
+    def drain(self) -> None:
+        """After the run's group was killed: what is left in the pipes, without waiting for an
+        end of file (a process that left the group on purpose may still hold a pipe)."""
+        for _ in range(10000):
+            ready = self.selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                self._read(key.fd, key.data)
+
+    def _read(self, fd: int, i: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if not data:
+            self.selector.unregister(fd)
+            return
+        if self.files[i] is not None and self.error is None:
+            try:
+                self.files[i].write(data)
+            except OSError as err:
+                self.error = err
+        tail = self.tails[i]
+        tail += data
+        if len(tail) > TAIL:
+            del tail[:len(tail) - TAIL]
+        if self.pattern and not self.seen:
+            lines = (self.partial[i] + data).split(b"\n")
+            self.partial[i] = lines.pop()[-LINE:]
+            self.seen = any(self.pattern.search(line.decode(errors="replace")) for line in lines)
+
+    def close(self) -> tuple[str, str]:
+        """The tails as text; the log files flushed (an error there is remembered too)."""
+        if self.pattern and not self.seen:
+            self.seen = any(self.pattern.search(p.decode(errors="replace")) for p in self.partial)
+        for f in self.files:
+            if f is not None:
+                try:
+                    f.close()
+                except OSError as err:
+                    self.error = self.error or err
+        for fd in self.fds:
+            os.close(fd)
+        self.selector.close()
+        return tuple(bytes(t).decode(errors="replace") for t in self.tails)
+
+
+def _log_failure(err: OSError, where: Path | None) -> str:
+    import errno
+
+    what = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
+            errno.EDQUOT: "the disk quota is exceeded"}.get(err.errno, err.strerror or str(err))
+    return (f"harness failure: cannot write the run's logs in {where}: {what}; the run has no "
+            "verdict")
+
+
 def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) -> RunResult:
     log_stem = Path(log_stem) if log_stem else None
+    out_path = err_path = None
     if log_stem:
-        log_stem.parent.mkdir(parents=True, exist_ok=True)
         out_path, err_path = Path(f"{log_stem}.stdout"), Path(f"{log_stem}.stderr")
-    else:
-        out_path = err_path = None
-    started = time.monotonic()
-    # any bytes a repro prints are read back (a non-UTF-8 byte must not crash the judgement)
-    out = open(out_path, "w+", errors="replace") if out_path else _temp()
-    err = open(err_path, "w+", errors="replace") if err_path else _temp()
-    ranks_file = _ranks_file()
-    with out, err, ranks_file:
         try:
-            proc = start(out, err, ranks_file.name)
+            log_stem.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            return RunResult(contract.FAIL, "error", _log_failure(exc, log_stem.parent), 0.0, None)
+    started = time.monotonic()
+    sink = _Sink((out_path, err_path), signature)
+    if sink.error:
+        sink.close()
+        return RunResult(contract.FAIL, "error", _log_failure(sink.error, log_stem.parent), 0.0, None)
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    sink.attach(out_r, err_r)
+    _subreaper()
+    run_id = f"{os.getpid()}-{time.time_ns()}"
+    ranks_file = _ranks_file()
+    with ranks_file:
+        try:
+            try:
+                proc = start(out_w, err_w, ranks_file.name, (out_r, err_r), run_id)
+            finally:
+                os.close(out_w)
+                os.close(err_w)
+        except OSError as exc:
+            sink.close()
             return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
         watchdog = _watchdog(proc.pid)
+        _STARTED.update({proc.pid, watchdog.pid})
         try:
-            why = _wait(proc, timeout, peer_grace, ranks_file.name, stop=stop)
+            why = _wait(proc, timeout, peer_grace, ranks_file.name, stop=stop, pump=sink.pump)
         except BaseException:  # Ctrl-C, SIGTERM: no verdict, but never leave ranks behind
             kill_group(proc.pid)
+            sink.close()
             raise
         finally:
-            watchdog.kill()
-            watchdog.wait()
+            _end_watchdog(watchdog)
         leftovers = kill_group(proc.pid)
         proc.wait()
+        leftovers += _kill_escaped(started, run_id, {proc.pid, watchdog.pid})
+        _reap({proc.pid, watchdog.pid})
+        _STARTED.difference_update({proc.pid, watchdog.pid})
+        sink.drain()
         seconds = round(time.monotonic() - started, 2)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+        stdout, stderr = sink.close()
+    if sink.error is not None:
+        return RunResult(contract.FAIL, "error", _log_failure(sink.error, log_stem and log_stem.parent),
+                         seconds, proc.returncode, stdout_path=str(out_path), stderr_path=str(err_path),
+                         leftovers=leftovers)
     j = contract.judge(proc.returncode, stdout, stderr, signature=signature, stopped=why,
-                       timeout=timeout)
+                       timeout=timeout, seen=sink.seen)
     reason = j.reason
     if why == "peer" and stop is not None and stop.is_set():
         reason = "another node of the job ended and this one did not; its process group was killed"
@@ -304,6 +463,101 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
     result.stdout_path = str(out_path) if out_path else None
     result.stderr_path = str(err_path) if err_path else None
     return result
+
+
+_STARTED: set[int] = set()  # leaders and watchdogs of runs under way here (every thread's)
+
+
+def _subreaper() -> None:
+    """Make this process the one that inherits the orphans of its runs (Linux's
+    PR_SET_CHILD_SUBREAPER): a process a run started that left the run's group on purpose
+    (``setsid``, a daemon) is then a child of ours when its parent exits, where it can be found."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children() -> dict[int, list[str]]:
+    me = os.getpid()
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and int(fields[1]) == me:
+                out[int(entry)] = fields
+    return out
+
+
+def _kill_escaped(since: float, run_id: str, own: set[int]) -> list[int]:
+    """Processes of the run that left its group on purpose (a new session: ``setsid``, a daemon)
+    and outlived it. They are our children now (see ``_subreaper``): alive, in a session that is
+    neither ours nor that of a run under way here, started after the run began, and carrying
+    this run's id (or no run id at all: a process that cleared its environment). ``own``: the
+    run's and its watchdog's sessions (what is still dying there was killed already). Killed;
+    their pids are returned, for the run's ``leftovers``."""
+    session = os.getsid(0)
+    busy = set(own)
+    for pid in _STARTED:
+        try:
+            busy.add(os.getsid(pid))
+        except OSError:
+            pass
+    ticks = os.sysconf("SC_CLK_TCK")
+    boot = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+    began = time.time() - (time.monotonic() - since)
+    escaped = []
+    for pid, fields in _children().items():
+        if pid in _STARTED or fields[0] == "Z" or int(fields[3]) in busy | {session}:
+            continue
+        if boot + int(fields[19]) / ticks < began - 0.05:  # (the clocks' resolution)
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"{RUN_ID}=".encode() in environ and f"{RUN_ID}={run_id}\0".encode() not in environ:
+            continue  # another run's
+        escaped.append(pid)
+    for pid in escaped:
+        for kill in (os.killpg, os.kill):  # its group, if it leads one; else itself
+            try:
+                kill(pid, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    return escaped
+
+
+def _reap(sessions: set[int]) -> None:
+    """Collect the zombies the run left us (the orphans of its own group, and of the watchdog)."""
+    for pid, fields in _children().items():
+        if fields[0] == "Z" and int(fields[3]) in sessions and pid not in _STARTED - sessions:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _end_watchdog(watchdog: subprocess.Popen) -> None:
+    try:
+        os.killpg(watchdog.pid, signal.SIGKILL)  # the shell and its `sleep`
+    except ProcessLookupError:
+        pass
+    watchdog.wait()
 
 
 WATCHDOG = 'while kill -0 "$1" 2>/dev/null; do sleep 0.5; done; kill -9 "-$2" 2>/dev/null'
@@ -322,8 +576,3 @@ def _ranks_file():
 
     return tempfile.NamedTemporaryFile("w", prefix="ranks-", suffix=".pids")
 
-
-def _temp():
-    import tempfile
-
-    return tempfile.TemporaryFile("w+", errors="replace")

@@ -41,6 +41,7 @@ import ast
 import builtins
 import contextlib
 import difflib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -408,8 +409,50 @@ def only_removes_statements(files: dict[str, str | None], current: dict[str, str
     return True
 
 
+def _literal_texts(node: ast.AST, consts: dict[str, str]) -> list[str]:
+    """What ``node`` prints if it is text built from literals: a str or bytes constant, an
+    f-string, a ``+`` of literals, ``"..." % x`` or ``"...".format(x)``, where a name bound to a
+    string constant (``consts``) counts as that string and any other part as empty."""
+    def text(n) -> str | None:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes):
+            return n.value.decode(errors="replace") if isinstance(n.value, bytes) else n.value
+        if isinstance(n, ast.Name):
+            return consts.get(n.id)
+        if isinstance(n, ast.FormattedValue):
+            return text(n.value)
+        return None
+
+    def parts(n) -> list[str | None] | None:  # None: not built from literals at all
+        if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes):
+            return [text(n)]
+        if isinstance(n, ast.JoinedStr):
+            return [text(v) for v in n.values]
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            left, right = parts(n.left), parts(n.right)
+            if left is None and right is None:
+                return None
+            return [*(left or [text(n.left)]), *(right or [text(n.right)])]
+        return None
+
+    template = None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+            and isinstance(node.left.value, str):  # "... %s" % value
+        template = node.left.value
+        args = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        fields = r"%[-#0 +]*\d*(?:\.\d+)?[a-zA-Z]"
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
+            and isinstance(node.func.value, ast.Constant) and isinstance(node.func.value.value, str):
+        template, args, fields = node.func.value.value, node.args, r"\{[^{}]*\}"
+    if template is not None:
+        values = iter([text(a) or "" for a in args])
+        return [re.sub(fields, lambda _: next(values, ""), template)]
+    found = parts(node)
+    return ["".join(p or "" for p in found)] if found else []
+
+
 def prints_signature_itself(files: dict[str, str], signature: str | None) -> str | None:
-    """Where the project could print the signature itself: a string literal matching it."""
+    """Where the project could print the signature itself: a literal that matches it, whatever
+    its kind (str, bytes, an f-string, a concatenation; docstrings aside)."""
     if not signature:
         return None
     for name, source in files.items():
@@ -417,11 +460,29 @@ def prints_signature_itself(files: dict[str, str], signature: str | None) -> str
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                       and n.body and isinstance(n.body[0], ast.Expr)}
+        consts = {t.id: n.value.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                  for t in n.targets if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and id(node) not in docstrings and re.search(signature, node.value):
+            if id(node) in docstrings:
+                continue
+            if any(re.search(signature, text) for text in _literal_texts(node, consts)):
                 return f"{name}, line {node.lineno}"
     return None
+
+
+def outside_source_lines(text: str) -> str:
+    """``text`` without the source lines tracebacks quote (the indented line after each
+    ``File "...", line N, in f``): a program that fails on a line holding the signature's text
+    has not printed the signature."""
+    out, quoting = [], False
+    for line in text.splitlines():
+        if quoting and RANK.sub("", line).startswith((" ", "\t")) and not FRAME.match(line):
+            quoting = False
+            continue
+        quoting = bool(FRAME.match(line))
+        out.append(line)
+    return "\n".join(out)
 
 
 # -- where the signature was raised --------------------------------------------------------
@@ -552,6 +613,8 @@ class Oracle:
             here = crash_site(output, self.cfg.signature, (work_root, str(self.cfg.script.parent)))
             if here != self.site:
                 return False, f"the signature raised elsewhere: {here or 'not as an exception'}", True
+        elif self.cfg.signature and not re.search(self.cfg.signature, outside_source_lines(output)):
+            return False, "the signature only in a traceback's quoted source line", True
         return True, r.reason or "bad", True
 
     def run_trials(self, files: dict[str, str | None], trials: int, fresh: bool = False,
@@ -1040,7 +1103,14 @@ def minimize(cfg: Config, log=print) -> int:
     except OSError as err:
         raise BadInput(f"--out {cfg.out}: cannot make that folder ({err.strerror})") from None
     with holding(cfg.out, log):
-        return reduce_into(cfg, original, started, log)
+        try:
+            return reduce_into(cfg, original, started, log)
+        except OSError as err:  # a full or read-only disk under --out: no traceback, no verdict
+            if err.errno not in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM):
+                raise
+            raise contract.HarnessFailure(
+                f"cannot write in --out {cfg.out} ({err.strerror}): the best so far is in "
+                f"{cfg.out / 'best'}; make room and run the same command to resume") from None
 
 
 @contextlib.contextmanager
@@ -1074,8 +1144,11 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
     if not isinstance(earlier, dict) or earlier.get("sha256") != digest:
         raise BadInput(f"{cfg.out} holds the reduction of another script (or of an earlier version "
                        "of this one): give another --out, or remove that folder")
-    results.write_json(meta_path, {"script": str(cfg.script), "files": sorted(original),
-                                   "sha256": digest})
+    try:
+        results.write_json(meta_path, {"script": str(cfg.script), "files": sorted(original),
+                                       "sha256": digest})
+    except OSError as err:  # nothing was reduced yet: bad input, as an unwritable --out is
+        raise BadInput(f"--out {cfg.out}: cannot write there ({err.strerror})") from None
     state = State(cfg.out / "state.json")
     state.check_writable()
     oracle = Oracle(cfg, original, state, log)

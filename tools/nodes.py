@@ -203,8 +203,9 @@ def main(argv=None) -> int:
     p = Parser(prog="python -m tools.nodes", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=1)
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of each node (s)")
-    p.add_argument("--peer-grace", type=float, default=20.0,
+    p.add_argument("--timeout", type=contract.seconds, default=600.0,
+                   help="wall-clock limit of each node (s)")
+    p.add_argument("--peer-grace", type=contract.seconds, default=20.0,
                    help="seconds the other nodes get to end once one has ended")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="logs: LOG.nodeN.stdout/.stderr (default: a new folder under "

@@ -28,6 +28,9 @@ REQUIRED = ("Description", "Bug", "Forwarded", "Origin", "Last-Update", "X-Targe
 FIELD = re.compile(r"^([A-Za-z][\w-]*): ?(.*)$")
 HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 TARGETS = ("torch", "lightning")
+VERDICTS = ("good", "bad", "skip")  # what X-Expect-Before / X-Expect-After may say
+ORIGINS = ("upstream", "backport", "vendor", "other")  # DEP-3
+CHANGELOG_SECTIONS = ("Added", "Changed", "Deprecated", "Removed", "Fixed")  # Lightning's CHANGELOG
 
 
 class PatchError(contract.BadInput):
@@ -171,15 +174,54 @@ def parse(path: Path) -> Patch:
         raise PatchError(f"{name}: missing field {', '.join(missing)}")
     if headers["X-Target"] not in TARGETS:
         raise PatchError(f"{name}: X-Target must be one of {', '.join(TARGETS)}")
-    try:  # read when the repro runs, minutes into a validation: check it now
-        shlex.split(headers["X-Repro"])
-    except ValueError as err:
-        raise PatchError(f"{name}: X-Repro is not a command line ({err})") from None
+    check_fields(name, headers, Path(path).resolve().parent.parent)
     files = [m.group(1) for m in re.finditer(r"^\+\+\+ b/(\S+)", diff, re.M)]
     hunks = check_hunks(name, diff, first_line=message.count("\n") + 3)  # the message, then "---"
     if not files or not hunks:
         raise PatchError(f"{name}: the diff has no file or no hunk")
     return Patch(Path(path), headers, diff, files)
+
+
+def check_fields(name: str, headers: dict[str, str], workspace: Path = ROOT) -> None:
+    """Every field's value, now: each is read minutes into a validation (a repro that does not
+    exist, an expectation that is no verdict, a cell the matrix lacks). Paths are the workspace's
+    (the folder above the series)."""
+    from datetime import date
+
+    from tools import matrix
+
+    def bad(key: str, why: str):
+        raise PatchError(f"{name}: {key}: {headers[key][:60]!r} {why}")
+
+    for key in ("X-Expect-Before", "X-Expect-After"):
+        if headers[key] not in VERDICTS:
+            bad(key, f"is not one of {', '.join(VERDICTS)}")
+    try:
+        date.fromisoformat(headers["Last-Update"])
+    except ValueError:
+        bad("Last-Update", "is not a date (YYYY-MM-DD)")
+    forwarded = headers["Forwarded"]
+    if forwarded not in ("no", "not-needed") and not re.match(r"https?://\S+$", forwarded):
+        bad("Forwarded", "is not 'no', 'not-needed' or the URL where it was sent")
+    if headers["Origin"].split(",")[0].strip() not in ORIGINS:
+        bad("Origin", f"does not start with one of {', '.join(ORIGINS)}")
+    bug = headers["Bug"]
+    if not (re.match(r"https?://\S+$", bug) or bug == "none" or (workspace / bug).is_file()):
+        bad("Bug", "is neither a URL, 'none' (a draft without an issue) nor a file of the workspace")
+    try:
+        repro = shlex.split(headers["X-Repro"])
+    except ValueError as err:
+        raise PatchError(f"{name}: X-Repro is not a command line ({err})") from None
+    if not repro or not (ROOT / repro[0]).is_file():
+        bad("X-Repro", "does not start with a repro script of this workspace")
+    known = {c.id for c in matrix.load().cells}
+    unknown = [c for c in headers.get("X-Cells", "").split() if c not in known]
+    if unknown:
+        raise PatchError(f"{name}: X-Cells: unknown cell {unknown[0]!r} (`nox -l` lists them)")
+    sections = [s for s in headers.get("X-Changelog", "").split() if s not in CHANGELOG_SECTIONS]
+    if sections:
+        raise PatchError(f"{name}: X-Changelog: {sections[0]!r} is not one of "
+                         f"{', '.join(CHANGELOG_SECTIONS)}")
 
 
 def series(folder: Path | None = None) -> list[Patch]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -29,6 +30,8 @@ def write_atomic(path: Path, text: str) -> None:
         os.fchmod(fd, _mode())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the rename: a crash leaves the old file or the new
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -39,27 +42,67 @@ def write_json(path: Path, data) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def run_dir(kind: str, base: Path | None = None) -> Path:
-    """``results/<kind>/<timestamp>/``, with ``results/<kind>/latest`` pointing at it."""
-    base = Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind
-    path = base / _STAMP
-    path.mkdir(parents=True, exist_ok=True)
-    latest = base / "latest"
-    tmp = base / f".latest.{os.getpid()}"
+_MADE: dict[Path, Path] = {}  # results/<kind> -> the run folder this process made there
+
+
+def kind_dir(kind: str, base: Path | None = None) -> Path:
+    """``results/<kind>`` (``REPRO_RESULTS`` moves ``results``)."""
+    return Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind
+
+
+def run_dir(kind: str, base: Path | None = None, latest: bool = True) -> Path:
+    """This process's run folder ``results/<kind>/<timestamp>/``: made once (every cell of one
+    nox run shares it), atomically, so a second process that starts in the same second gets
+    ``<timestamp>-2`` instead of writing into the first one's. ``latest`` points
+    ``results/<kind>/latest`` at it now (else ``point_latest`` does, once there is a result)."""
+    parent = kind_dir(kind, base)
+    if parent in _MADE:
+        return _MADE[parent]
+    parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = parent / (_STAMP if n == 1 else f"{_STAMP}-{n}")
+        try:
+            path.mkdir()
+            break
+        except FileExistsError:
+            continue
+    _MADE[parent] = path
+    if latest:
+        point_latest(path)
+    return path
+
+
+def point_latest(path: Path) -> None:
+    """``<path>/../latest`` -> ``path``, replaced atomically."""
+    path = Path(path)
+    latest = path.parent / "latest"
+    tmp = path.parent / f".latest.{os.getpid()}"
     if tmp.is_symlink():
         tmp.unlink()
     tmp.symlink_to(path.name)
     os.replace(tmp, latest)
-    return path
+
+
+def forget(path: Path) -> None:
+    """Remove a run folder this process made and left empty (a run refused before it wrote)."""
+    path = Path(path)
+    try:
+        path.rmdir()
+    except OSError:
+        return
+    for parent, made in list(_MADE.items()):
+        if made == path:
+            del _MADE[parent]
 
 
 def this_run_dir(kind: str, base: Path | None = None) -> Path:
     """This process's ``results/<kind>/<timestamp>/`` (what ``run_dir`` makes), not made here."""
-    return Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind / _STAMP
+    parent = kind_dir(kind, base)
+    return _MADE.get(parent, parent / _STAMP)
 
 
 def latest_dir(kind: str, base: Path | None = None) -> Path:
-    return Path(base or os.environ.get("REPRO_RESULTS") or RESULTS) / kind / "latest"
+    return kind_dir(kind, base) / "latest"
 
 
 def load_cells(folder: Path) -> list[dict]:

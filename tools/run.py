@@ -28,7 +28,7 @@ def main(argv=None) -> int:
             raise contract.BadInput(message)
 
     p = Parser(prog="python -m tools.run")
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--timeout", type=contract.seconds, default=600.0)
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")
     p.add_argument("cmd", nargs=argparse.REMAINDER)

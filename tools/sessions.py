@@ -9,6 +9,7 @@ clean up, and makes the tool die with nox (a SIGKILLed nox leaves nothing runnin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,3 +60,17 @@ def run_main(session, fn) -> None:
     code = contract.run_main(lambda _argv: fn() or 0, [])
     if code:
         sys.exit(code)
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """In a session that runs in nox's own process (``repro``): the tools' errors (bad input, a
+    results folder that cannot be written, a harness failure) as one line and their exit code,
+    not a traceback and nox's 1."""
+    from tools import contract
+
+    try:
+        yield
+    except contract.Failure as err:
+        print(f"{err.what}: {err}", file=sys.stderr)
+        sys.exit(err.code)  # nox passes SystemExit through

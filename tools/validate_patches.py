@@ -472,14 +472,14 @@ class Script:
     path: Path
     signature: str | None
     cells: tuple[str, ...]  # the cells it runs in: every cell the series targets, or --cell
+    kind: str = "python"  # how it runs (harness.how_to_run)
 
 
 def check_script(script: str, signature: str | None, verdict_line: bool) -> Path:
     """The rule of ``nox -s repro -- --script``: an existing file, judged by ``--signature`` (a
     valid regex) unless it prints the contract's verdict line."""
     path = Path(script)
-    if not path.is_file():
-        raise contract.BadInput(f"--script {script}: {'is a directory' if path.is_dir() else 'not found'}")
+    harness.how_to_run(path, "--script", script)  # the bisect's rule: a file that can be run
     if not (signature or verdict_line):
         raise contract.BadInput("--script needs --signature REGEX (what its output shows when the bug is "
                                 "there), or --verdict-line if it prints the contract's verdict line")
@@ -509,8 +509,8 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
 
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
-    return harness.run([str(python), str(script.path)], timeout=600, log_stem=log_stem,
-                       signature=script.signature)
+    return harness.run(harness.script_command(script.path, script.kind, python), timeout=600,
+                       env=harness.env_for(python), log_stem=log_stem, signature=script.signature)
 
 
 class Parser(argparse.ArgumentParser):
@@ -547,7 +547,8 @@ def main(argv=None) -> int:
             if a.script:
                 targeted = {c for p in everything for c in p.cells}
                 script = Script(a.script, a.signature,
-                                tuple(c for c in cells if c in targeted and a.cell in (None, c)))
+                                tuple(c for c in cells if c in targeted and a.cell in (None, c)),
+                                harness.how_to_run(a.script, "--script"))
         except contract.BadInput as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
