@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,86 @@ def test_ctrl_c_cancels_the_job_and_every_cell_still_gets_its_row(tmp_path, mini
     reason = row.get("skipped") or row.get("slurm")  # nothing finished / what finished stays
     assert reason.startswith(f"slurm job {job}_0 CANCELLED")
     assert mini.cells[0].id in (out / "summary.md").read_text()
+
+
+SUBMITTER = ROOT / "tests" / "fixtures" / "slurm_submitter.py"
+
+
+def slow_matrix(tmp_path, monkeypatch) -> matrix.Matrix:
+    """The mini matrix with a repro that runs for ten minutes: the job is busy when the test acts."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\ntime.sleep(600)\n")
+    path = tmp_path / "slow.toml"
+    path.write_text(Path(os.environ["REPRO_MATRIX"]).read_text().split("[[repro]]")[0]
+                    + f'[[repro]]\nname = "slow"\nscript = "{sleeper}"\n')
+    monkeypatch.setenv("REPRO_MATRIX", str(path))
+    return matrix.load()
+
+
+def until(check, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {seconds:g} s")
+
+
+def submit_in_background(out: Path, stale: str, outage: str = "60") -> subprocess.Popen:
+    env = {**os.environ, "REPRO_SLURM_STALE": stale, "REPRO_SLURM_OUTAGE": outage}
+    return subprocess.Popen([sys.executable, str(SUBMITTER), str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def running_job(out: Path) -> str | None:
+    job_file = out / "slurm" / "job.json"
+    if not job_file.exists():
+        return None
+    job = json.loads(job_file.read_text())["job"]
+    return job if (slurm_jobs.states(job) or {}).get(0) == "RUNNING" else None
+
+
+def test_a_submitter_killed_outright_leaves_no_job_running(tmp_path, mini, monkeypatch):
+    # SIGKILL runs no cleanup: the job sees the submitter's heartbeat go stale and ends itself
+    m = slow_matrix(tmp_path, monkeypatch)
+    out = tmp_path / "slurm"
+    prepare(m, out)
+    proc = submit_in_background(out, stale="8")
+    try:
+        job = until(lambda: running_job(out), 120, "the job never ran")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    state = until(lambda: next((s for s in (slurm_jobs.states(job) or {}).values()
+                                if s in slurm_jobs.ENDED), None), 90, "the job outlived its submitter")
+    assert state in ("FAILED", "COMPLETED"), state
+    err = (out / "slurm" / f"{job}_0.err").read_text()
+    assert "[slurm guard] the submitter has not touched" in err
+
+
+def test_a_controller_outage_ends_the_wait_with_the_rows_and_slurm_down_stops_everything(
+        tmp_path, mini, monkeypatch):
+    m = slow_matrix(tmp_path, monkeypatch)
+    out = tmp_path / "slurm"
+    prepare(m, out)
+    proc = submit_in_background(out, stale="10", outage="8")
+    try:
+        until(lambda: running_job(out), 120, "the job never ran")
+        os.kill(slurm_cluster._alive("slurmctld"), signal.SIGKILL)  # the controller goes away
+        stdout, stderr = proc.communicate(timeout=180)  # a bounded end, not a hang
+        assert proc.returncode == 128, stderr
+        assert stderr.strip().splitlines()[-1].startswith("error: harness failure: the SLURM controller has "
+                                                          "not answered for")
+        assert m.cells[0].id in (out / "summary.md").read_text()  # every cell keeps its row
+        lines = []
+        assert slurm_cluster.down(log=lines.append) == 0
+        assert not slurm_cluster.cluster_processes()  # slurmd and slurmstepd too, without pid files
+        assert slurm_cluster.down(log=lines.append) == 0 and lines[-1] == "[slurm] not running"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
 
 
 def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(tmp_path):

@@ -19,6 +19,7 @@ Exit codes: 0 done; 2 the cluster cannot start here (not root and the packages m
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -136,7 +137,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env()}, **kw)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env()}, **kw)
+    except subprocess.TimeoutExpired:  # a controller that does not answer
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]}: no answer")
 
 
 def _wait_for(check, seconds: float, what: str, log_file: Path) -> None:
@@ -187,31 +191,59 @@ def up(log=print) -> int:
     return 0
 
 
-def down(log=print) -> int:
-    """Cancel this cluster's jobs, stop its daemons; idempotent."""
-    if _alive("slurmctld"):
-        _run(["scancel", f"--user={getpass.getuser()}"])  # every job of this cluster (its user's)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and _run(["squeue", "-h", "-t", "PD,R,CG,S"]).stdout.strip():
-            time.sleep(0.5)
-    stopped = []
-    for daemon in DAEMONS:
-        pid = _alive(daemon)
-        if not pid:
-            (HOME / f"{daemon}.pid").unlink(missing_ok=True)
+def cluster_processes() -> dict[int, str]:
+    """Every process of this cluster, whatever its pid files say (a controller that died leaves
+    them stale; ``slurmstepd`` has none): pid -> name, for the daemons whose command line names
+    this cluster's files, or whose environment does (``slurmstepd`` inherits ``SLURM_CONF`` from
+    the ``slurmd`` that started it)."""
+    mine, conf = str(HOME), f"SLURM_CONF={HOME / 'slurm.conf'}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-            try:
+        try:
+            name = Path(f"/proc/{entry}/comm").read_text().strip()
+            if name not in ("slurmctld", "slurmd", "slurmstepd", "munged"):
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (mine in cmdline or conf in environ):
+            found[int(entry)] = name
+    return found
+
+
+def down(log=print) -> int:
+    """Cancel this cluster's jobs, stop its daemons, found by their config (not by pid files,
+    which a crashed daemon leaves behind); SIGTERM, then SIGKILL; idempotent. What could not be
+    stopped is said."""
+    if _alive("slurmctld"):
+        _run(["scancel", f"--user={getpass.getuser()}"], timeout=30)  # every job of this cluster
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _run(["squeue", "-h", "-t", "PD,R,CG,S"],
+                                                   timeout=30).stdout.strip():
+            time.sleep(0.5)
+    order = {"slurmd": 0, "slurmstepd": 1, "slurmctld": 2, "munged": 3}
+    found = sorted(cluster_processes().items(), key=lambda item: order[item[1]])
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for pid, _name in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and _alive(daemon):
-                time.sleep(0.2)
-            if not _alive(daemon):
-                break
-        stopped.append(daemon)
-    log(f"[slurm] stopped {', '.join(stopped)}" if stopped else "[slurm] not running")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and set(cluster_processes()) & {p for p, _ in found}:
+            time.sleep(0.2)
+        if not set(cluster_processes()) & {p for p, _ in found}:
+            break
+    for daemon in DAEMONS:
+        (HOME / f"{daemon}.pid").unlink(missing_ok=True)
+    left = cluster_processes()
+    names = sorted({name for _, name in found})
+    if left:
+        log(f"[slurm] could not stop {', '.join(f'{n} ({p})' for p, n in sorted(left.items()))}")
+        return 1
+    log(f"[slurm] stopped {', '.join(names)}" if names else "[slurm] not running")
     return 0
 
 

@@ -12,7 +12,10 @@ or ship, and the command lines are the ones a cluster's users already know.
   and prints the one summary table. Each task runs the cell exactly as ``nox -s repro`` does on
   a workstation (``python -m tools.slurm_jobs task``) and writes the cell's JSON into the run's
   results folder; a task that failed, was cancelled or timed out without it becomes a failed
-  row saying so. Ctrl-C (or a killed nox) cancels the jobs it submitted.
+  row saying so. Ctrl-C or SIGTERM cancels the jobs it submitted; a nox killed outright (even
+  ``kill -9``) stops touching the run's heartbeat file, and every job ends itself within
+  ``STALE`` seconds (each job runs under ``guard``). A controller that stops answering for
+  ``OUTAGE`` seconds ends the wait with every cell's row kept and a one-line reason (exit 128).
 - ``nox -s bisect -- --executor slurm ...``: each step is one job (``sbatch --wait``), its output
   judged as a local run's.
 """
@@ -20,12 +23,15 @@ or ship, and the command lines are the ones a cluster's users already know.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +40,12 @@ from tools import contract, harness, nodes, results
 from tools.contract import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
+# a job ends itself when its submitter's heartbeat file is older than this (the submitter died)
+STALE = float(os.environ.get("REPRO_SLURM_STALE", "60"))
+BEAT = min(5.0, STALE / 4)  # how often the submitter touches it
+# a controller that has not answered for this long ends the wait (rows kept, exit 128)
+OUTAGE = float(os.environ.get("REPRO_SLURM_OUTAGE", "60"))
+CALL_TIMEOUT = 30.0  # any one SLURM command (squeue, scancel, ...) against a controller that hangs
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
@@ -96,12 +108,89 @@ def slurm_env() -> dict[str, str]:
     return env
 
 
+class Outage(contract.HarnessFailure):
+    """The SLURM controller stopped answering (exit 128: no verdict; the rows so far are kept)."""
+
+
 def _slurm(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env())
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env(),
+                              timeout=CALL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]}: no answer in {CALL_TIMEOUT:g} s")
     if check and done.returncode:
         last = (done.stderr.strip().splitlines() or ["failed"])[-1]
         raise BadInput(f"{cmd[0]}: {last.removeprefix(f'{cmd[0]}: ').removeprefix('error: ')}")
     return done
+
+
+# -- a job never outlives its submitter ----------------------------------------------------
+
+@contextlib.contextmanager
+def heartbeat(path: Path):
+    """Touch ``path`` every ``BEAT`` seconds while the block runs (a thread of this process):
+    the jobs submitted meanwhile watch it (``guard``), and end themselves once it goes stale."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(BEAT):
+            try:
+                path.touch()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=beat, name="slurm-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join()
+
+
+def guard_command(beat: Path) -> list[str]:
+    """The prefix a job's command runs under: ``python -m tools.slurm_jobs guard BEAT STALE --``."""
+    return ["-m", "tools.slurm_jobs", "guard", str(beat), f"{STALE:g}", "--"]
+
+
+def guard(beat: Path, stale: float, cmd: list[str]) -> int:
+    """Run ``cmd`` (its own process group) inside a job, and end it when the submitter's
+    heartbeat file ``beat`` is older than ``stale`` seconds: a submitter killed outright (SIGKILL,
+    a crash, a lost login node) cannot cancel its jobs, so they end themselves."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def forward(signum, frame):  # scancel, Ctrl-C under srun: to the command's whole group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            code = proc.wait(timeout=min(2.0, stale / 4))
+            return code if code >= 0 else 128 - code
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            age = time.time() - beat.stat().st_mtime
+        except OSError:
+            age = float("inf")
+        if age > stale:
+            print(f"[slurm guard] the submitter has not touched {beat} for {age:.0f} s: it is gone; "
+                  "ending this job", file=sys.stderr, flush=True)
+            for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            return 128 + signal.SIGTERM
 
 
 # -- the matrix as a job array -------------------------------------------------------------
@@ -153,10 +242,12 @@ def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
     script = logs / "task.sh"
     # each task runs with its own cell's interpreter (on the shared filesystem, as its environment)
     pythons, tasks_file = shlex.quote(str(logs / "pythons")), shlex.quote(str(tasks_path(out)))
+    guarded = " ".join(shlex.quote(a) for a in guard_command(logs / "heartbeat"))
     results.write_atomic(script, "#!/bin/sh\n"
                          f"cd {shlex.quote(str(ROOT))}\n"
                          f'python=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {pythons})\n'
-                         f'exec "$python" -m tools.slurm_jobs task {tasks_file} "$SLURM_ARRAY_TASK_ID"\n')
+                         f'exec "$python" {guarded} "$python" -m tools.slurm_jobs task {tasks_file} '
+                         '"$SLURM_ARRAY_TASK_ID"\n')
     results.write_atomic(logs / "pythons", "".join(f"{t['python']}\n" for t in tasks))
     cmd = ["sbatch", "--parsable", f"--array=0-{len(tasks) - 1}", "--job-name=repro-matrix",
            f"--output={logs}/%A_%a.out", f"--error={logs}/%A_%a.err", *opts.sbatch_args(), str(script)]
@@ -175,15 +266,25 @@ def _complete(out: Path, task: dict) -> bool:
         return False
 
 
-def wait(job: str, tasks: list[dict], out: Path, log=print, poll: float = 2.0) -> dict[int, str]:
+def wait(job: str, tasks: list[dict], out: Path, log=print, poll: float = 2.0,
+         outage: float | None = None, limit: float | None = None) -> dict[int, str]:
     """Until every task has ended; a line whenever a task changes state. A task SLURM no longer
     knows (its records expired) counts as ended once its cell's JSON is complete, or after a
-    minute without news."""
+    minute without news. A controller that has not answered for ``outage`` seconds (default
+    ``OUTAGE``) raises ``Outage``; after ``limit`` seconds the states known so far are returned."""
     started, shown = time.monotonic(), {}
     missing_since: dict[int, float] = {}
+    answered = time.monotonic()
+    outage = OUTAGE if outage is None else outage
     while True:
         now = states(job)
+        if now is None and time.monotonic() - answered > outage:
+            raise Outage(f"the SLURM controller has not answered for {time.monotonic() - answered:.0f} s "
+                         f"(squeue -j {job}): every cell keeps its row")
+        if limit is not None and time.monotonic() - started > limit:
+            return shown
         if now is not None:
+            answered = time.monotonic()
             for i in range(len(tasks)):
                 if i in now:
                     missing_since.pop(i, None)
@@ -210,9 +311,9 @@ def _phase(state: str) -> str:
     return "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else "running"
 
 
-def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str]) -> None:
-    """A failed row for every cell whose task ended without writing its complete JSON; the
-    repros a cut-off task did finish stay in its row."""
+def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str], why: str | None = None) -> None:
+    """A failed row for every cell whose task ended without writing its complete JSON (or whose
+    state is not known: ``why``); the repros a cut-off task did finish stay in its row."""
     from tools import cells
 
     for i, task in enumerate(tasks):
@@ -224,6 +325,8 @@ def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str]) -> No
         err = out / "slurm" / f"{job}_{i}.err"
         tail = err.read_text(errors="replace").strip().splitlines()[-1:] if err.exists() else []
         reason = f"slurm job {job}_{i} {state}" + (f": {tail[0][:120]}" if tail else "")
+        if why and i not in ended:
+            reason = f"slurm job {job}_{i}: {why}"
         if data and data.get("results"):  # cut off mid-cell: keep what finished, say why the rest did not
             data["slurm"] = reason
             results.write_json(path, data)
@@ -267,19 +370,26 @@ def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
     if not tasks_path(out).exists():
         raise BadInput(f"no cells prepared in {out} (run `nox -s repro -- --executor slurm`)")
     job, tasks, ended = None, [], {}
-    try:
-        job, tasks = submit_array(out, opts, log)
-        ended = wait(job, tasks, out, log)
-    except BaseException:
-        if job is None:  # interrupted while sbatch ran: cancel what it may have submitted
-            _slurm(["scancel", "--name=repro-matrix", f"--user={getpass.getuser()}"], check=False)
+    with heartbeat(out / "slurm" / "heartbeat"):
+        try:
+            job, tasks = submit_array(out, opts, log)
+            ended = wait(job, tasks, out, log)
+        except BaseException as exc:
+            if job is None:  # interrupted while sbatch ran: cancel what it may have submitted
+                _slurm(["scancel", "--name=repro-matrix", f"--user={getpass.getuser()}"], check=False)
+                raise
+            why = str(exc) if isinstance(exc, Outage) else "interrupted"
+            cancel = _slurm(["scancel", job], check=False)
+            log(f"[slurm] cancelled job {job}" if cancel.returncode == 0 else
+                f"[slurm] could not cancel job {job} ({cancel.stderr.strip()[-120:]}): its tasks end "
+                f"themselves within {STALE:g} s of this run's end")
+            try:  # bounded: what the controller says within half a minute
+                ended = wait(job, tasks, out, lambda _m: None, poll=1.0, outage=15, limit=30)
+            except Outage:
+                pass
+            collect(out, job, tasks, ended, why)
+            log(cells.write_summary(out, matrix.load(), script))
             raise
-        _slurm(["scancel", job], check=False)
-        log(f"[slurm] cancelled job {job}")
-        ended = wait(job, tasks, out, lambda _m: None, poll=1.0)
-        collect(out, job, tasks, ended)
-        log(cells.write_summary(out, matrix.load(), script))
-        raise
     collect(out, job, tasks, ended)
     return cells.write_summary(out, matrix.load(), script)
 
@@ -299,20 +409,22 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
                       if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith("REPRO_"))
     scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
+    guarded = [sys.executable, *guard_command(Path(f"{stem}.heartbeat")), *cmd]
     results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"
-                         f"exec {' '.join(shlex.quote(c) for c in cmd)}\n")
+                         f"exec {' '.join(shlex.quote(c) for c in guarded)}\n")
     sbatch = ["sbatch", "--parsable", "--wait", f"--job-name={name}", f"--output={out_path}",
               f"--error={err_path}", *opts.sbatch_args(), f"--time={max(1, int(timeout // 60) + 1)}",
               str(script)]
     started = time.monotonic()
-    proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=slurm_env())
-    try:
-        stdout, stderr = proc.communicate()
-    except BaseException:  # Ctrl-C, SIGTERM: the job goes too
-        proc.kill()
-        _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
-        raise
+    with heartbeat(Path(f"{stem}.heartbeat")):
+        proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=slurm_env())
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:  # Ctrl-C, SIGTERM: the job goes too
+            proc.kill()
+            _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
+            raise
     seconds = round(time.monotonic() - started, 2)
     job = stdout.strip().split(";")[0]
     if not job:
@@ -338,7 +450,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 3 and argv[0] == "task":
         return run_task(Path(argv[1]), int(argv[2]))
-    raise BadInput("usage: python -m tools.slurm_jobs task TASKS_FILE INDEX")
+    if len(argv) >= 5 and argv[0] == "guard" and argv[3] == "--":
+        return guard(Path(argv[1]), float(argv[2]), argv[4:])
+    raise BadInput("usage: python -m tools.slurm_jobs task TASKS_FILE INDEX | guard BEAT STALE -- CMD...")
 
 
 if __name__ == "__main__":
