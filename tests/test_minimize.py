@@ -602,3 +602,24 @@ def test_a_traceback_quoting_a_line_with_the_signature_is_not_the_signature():
               f"    reducer = self.wrapper().reducer\nAttributeError: {SIGNATURE}\n")
     assert f"AttributeError: {SIGNATURE}" in m.outside_source_lines(raised)
     assert m.crash_site(quoted, re.escape(SIGNATURE), ()) is None  # not raised anywhere
+
+
+def test_the_cheap_passes_run_once_more_whatever_the_budget_and_the_counts_agree(tmp_path):
+    # a budget spent at once: a configuration nothing reads, a flag nothing uses and a comparison
+    # of two literals must still go before the result is written; the progress line and the
+    # report count its lines the same way
+    train = TRAIN.replace('log = logging.getLogger("train")\n', 'log = logging.getLogger("train")\n'
+                          'SETTINGS = {"epochs": 3, "stages": ["a", "b"], "notes": {"x": 1}}\n'
+                          'REMEDY = False\n').replace(
+        "    for name in CONFIG[\"stages\"]:\n", "    if \"train\" == \"train\":\n        pass\n"
+        "    for name in CONFIG[\"stages\"]:\n")
+    script = project(tmp_path, train=train)
+    out = tmp_path / "out"
+    proc = run(quick(script, out, "--budget", "0.001"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = (out / "minimized.py").read_text()
+    assert "SETTINGS" not in result and "REMEDY" not in result and '"train" == "train"' not in result
+    assert "[minimize] last clean-up:" in proc.stdout
+    best = re.findall(r"\| best (\d+) lines", proc.stdout)[-1]
+    reported = re.search(r"\| minimized \| (\d+) \|", (out / "report.md").read_text()).group(1)
+    assert best == reported

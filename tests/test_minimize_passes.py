@@ -796,3 +796,19 @@ def test_the_one_by_one_lists_are_what_each_name_alone_would_change():
     assert touched == {"Block", "f", "g"}  # all at once, f's k goes once g lost it: not alone
     assert functions_with_unused_params({"a.py": chained}) == ["Block", "g"]
     assert functions_with_constant_args({"a.py": chained}) == ["Block", "f", "h"]
+
+
+@pytest.mark.parametrize("source, expected", [
+    ('if "train" == "train":\n    f()\n', "if True:\n    f()"),
+    ("x = 1 < 2 < 3\n", "x = True"),
+    ('x = "a" != "a"\n', "x = False"),
+    ("x = None is None and y\n", "x = y"),
+    ("x = 2 > 3 or y\n", "x = y"),
+    ("x = 2 > 3 and y\n", "x = False"),
+    ('x = "a" < 1\n', "x = 'a' < 1"),  # raises at run time: left as it is
+    ("x = y == y\n", "x = y == y"),  # not literals
+])
+def test_comparisons_of_literals_are_folded(source, expected):
+    from tools.minimize_passes import fold_literals
+
+    assert fold_literals({"t.py": source}, {})["t.py"].strip() == expected

@@ -766,9 +766,10 @@ class Oracle:
 
     def improve(self, files: dict[str, str | None]) -> None:
         """The reducer goes on from each interesting candidate: that is the best so far."""
-        if size(files)[1] < self.best_size[1]:
+        shown = shown_size(files)  # counted as the report counts them: formatted
+        if shown[1] < self.best_size[1]:
             self.shrinks += 1  # not a known candidate accepted again
-        self.best, self.best_size = dict(files), size(files)
+        self.best, self.best_size = dict(files), shown
         self.stats.improvements += 1
         save_best(self.cfg.out, files)
 
@@ -780,7 +781,7 @@ class Oracle:
         o_lines, o_tokens = size(self.original)
         self.log(f"[minimize] test {self.stats.tests} ({self.stats.cache_hits} cached, "
                  f"{self.stats.static} not run) {clock(elapsed)}{left} | best {lines} lines, "
-                 f"{tokens} tokens (of {o_lines}, {o_tokens}) | candidate {size(files)[0]} lines: "
+                 f"{tokens} tokens (of {o_lines}, {o_tokens}) | candidate {shown_size(files)[0]} lines: "
                  f"{'interesting' if interesting else 'not interesting'}"
                  f"{'' if interesting else f' ({reason[:120]})'}")
 
@@ -892,12 +893,48 @@ def reduce(oracle: Oracle, start: dict[str, str]) -> str:
     return "the reducer found nothing more to remove"
 
 
+def last_clean_up(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | None]:
+    """The cheap passes once more before any result is written, whatever the budget left:
+    literals folded (``"train" == "train"``), dead definitions, unused imports and dead locals
+    dropped, no-op statements gone, to a fixpoint; one launch (the budget no longer applies),
+    and each pass alone only when all together is not interesting."""
+    oracle.deadline, oracle.coarse = None, False  # any change, judged as a whole
+    kept = oracle.kept
+
+    def passes(f, chosen):
+        for _ in range(MAX_PASS_ROUNDS):
+            before = f
+            for one in chosen:
+                f = one(f)
+            if f == before:
+                return f
+        return f
+
+    every = [lambda f: fold_literals(f, kept), lambda f: drop_unused(f, kept),
+             lambda f: drop_noops(f, kept, docstrings=False), inline_variables]
+    for chosen in (every, *([one] for one in every)):
+        try:
+            candidate = passes(files, chosen)
+        except Exception:  # noqa: BLE001 - a pass's own bug must not lose the result
+            continue
+        if candidate == files or missing_kept(candidate, kept) is not None \
+                or shown_size(candidate) >= shown_size(files):
+            continue
+        if oracle(candidate):
+            oracle.log(f"[minimize] last clean-up: {shown_size(files)[0]} -> "
+                       f"{shown_size(candidate)[0]} lines")
+            files = candidate
+            if chosen is every:
+                break
+    return files
+
+
 def whole_program(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | None]:
     """``files`` after the whole-program passes (``minimize_passes``), each proposed as one
     candidate and kept only when the harness finds it interesting: the config reads folded into
     their values (when all at once is not interesting, one module-level statement at a time),
     then rounds of the simplifying passes (``_simplify``) until one changes nothing."""
-    oracle.log(f"[minimize] whole-program passes from {size(files)[0]} lines")
+    oracle.log(f"[minimize] whole-program passes from {shown_size(files)[0]} lines")
     allowed = set().union(*(constants(s) for s in oracle.original.values()))
     coarse, oracle.coarse = oracle.coarse, False  # folding changes statements: judged as a whole
     try:
@@ -964,10 +1001,10 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
             return
         if candidate is None or candidate == files:
             return
-        before = size(files)[0]
+        before = shown_size(files)[0]
         if usable(candidate) and smaller(candidate) and oracle(candidate):
             files = candidate
-            oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines, all at once")
+            oracle.log(f"[minimize] {label}: {before} -> {shown_size(files)[0]} lines, all at once")
             return
         taken = 0
         for make in singles:
@@ -977,7 +1014,7 @@ def _simplify(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str | N
                 continue
             if one is not None and one != files and usable(one) and smaller(one) and oracle(one):
                 files, taken = one, taken + 1
-        oracle.log(f"[minimize] {label}: {before} -> {size(files)[0]} lines"
+        oracle.log(f"[minimize] {label}: {before} -> {shown_size(files)[0]} lines"
                    + (f", {taken} of {len(singles)} one by one" if singles else ", not interesting"))
 
     def fewer_params():
@@ -1160,13 +1197,13 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
         known = state.get(oracle.key(resumed))
         if resumed != original and known and known["verdict"] == "bad":  # an earlier run's best
             start = {n: s for n, s in resumed.items() if s is not None}
-            oracle.best, oracle.best_size = dict(resumed), size(resumed)
+            oracle.best, oracle.best_size = dict(resumed), shown_size(resumed)
             log(f"[minimize] resuming from {best_dir} ({oracle.best_size[0]} lines)")
         oracle.deadline = time.monotonic() + cfg.budget
         log(f"[minimize] reducing {', '.join(original)}: {size(original)[0]} lines, budget "
             f"{clock(cfg.budget)}")
         ended = reduce(oracle, start)
-        final = {n: oracle.best.get(n) for n in original}
+        final = last_clean_up(oracle, {n: oracle.best.get(n) for n in original})
         log(f"[minimize] {ended}: {size(final)[0]} lines; confirming with {cfg.confirm} fresh runs")
         final = {n: formatted(s) if s is not None else None for n, s in final.items()}
         write_files(cfg.out / "minimized", final)

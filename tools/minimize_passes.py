@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import operator
 from pathlib import Path
 
 RECORDER = "__minimize_value__"
@@ -427,8 +428,9 @@ class _OutsideKept(ast.NodeTransformer):
 
 
 class _Literals(_OutsideKept):
-    """``{"a": x, "b": y}["b"]`` -> ``y``, ``[x, y][0]`` -> ``x``, ``f(*[x, y])`` -> ``f(x, y)``;
-    not inside the statements marked to keep."""
+    """``{"a": x, "b": y}["b"]`` -> ``y``, ``[x, y][0]`` -> ``x``, ``f(*[x, y])`` -> ``f(x, y)``,
+    ``"a" == "a"`` -> ``True`` (and ``True and x`` -> ``x``); not inside the statements marked to
+    keep."""
 
     def visit_Subscript(self, node):
         self.generic_visit(node)
@@ -444,6 +446,35 @@ class _Literals(_OutsideKept):
                 and -len(value.elts) <= key < len(value.elts):
             return value.elts[key]
         return node
+
+    COMPARE = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+               ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+
+    def visit_Compare(self, node):
+        """``"train" == "train"`` -> ``True``: a comparison of literals (str, numbers, bool, None)."""
+        self.generic_visit(node)
+        parts = [node.left, *node.comparators]
+        if not all(isinstance(p, ast.Constant) and isinstance(p.value, str | int | float | bool | type(None))
+                   for p in parts) or not all(type(op) in self.COMPARE for op in node.ops):
+            return node
+        try:
+            result = all(self.COMPARE[type(op)](a.value, b.value)
+                         for op, a, b in zip(node.ops, parts[:-1], parts[1:], strict=True))
+        except TypeError:  # "a" < 1: it raises at run time, and keeps doing so
+            return node
+        return ast.copy_location(ast.Constant(result), node)
+
+    def visit_BoolOp(self, node):
+        """``True and x`` -> ``x``, ``False or x`` -> ``x``, ``False and x`` -> ``False``."""
+        self.generic_visit(node)
+        values = list(node.values)
+        neutral = isinstance(node.op, ast.And)  # And: True is neutral, False decides; Or: reversed
+        while len(values) > 1 and isinstance(values[0], ast.Constant) and isinstance(values[0].value, bool):
+            if values[0].value is neutral:
+                values.pop(0)
+            else:
+                return values[0]
+        return values[0] if len(values) == 1 else ast.BoolOp(node.op, values)
 
     @staticmethod
     def _spread(items: list[ast.expr]) -> list[ast.expr]:
