@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results, sessions, slurm_cluster, slurm_jobs  # noqa: E402
+from tools import cells, envs, matrix, results, sessions, slurm_cluster, slurm_matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -39,7 +39,7 @@ def _repro(session: nox.Session, cell: matrix.Cell) -> None:
     session.log(cells.progress(cell, MATRIX, opts.include_unsupported))
     cells.install(session, cell, out)
     if opts.executor == "slurm":  # the cell becomes a task of one job array, submitted after the cells
-        cells.add_slurm_task(cell, str(Path(session.bin) / "python"), out, opts, repro_args)
+        slurm_matrix.add_cell(cell, str(Path(session.bin) / "python"), out, opts, repro_args)
         session.notify("repro_slurm", session.posargs)
         return
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
@@ -56,8 +56,9 @@ def repro_slurm(session: nox.Session) -> None:
     """Submit the cells `nox -s repro -- --executor slurm` prepared as one SLURM job array; wait;
     print the table (runs after those cells on its own)."""
     opts, _ = cells.parse_posargs(session.posargs)
-    sessions.run_main(session, lambda: print(slurm_jobs.run_matrix(results.this_run_dir("repro"), opts.slurm,
-                                                                   opts.script, log=session.log)))
+    out = results.this_run_dir("repro")
+    sessions.run_main(session, lambda: print(slurm_matrix.run_matrix(out, opts.slurm, opts.script,
+                                                                     log=session.log)))
 
 
 @nox.session(python=False)

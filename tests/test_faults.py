@@ -196,7 +196,9 @@ def test_tools_run_crash_of_the_harness_is_128(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(run.harness, "run", boom)
+    from tools import harness
+
+    monkeypatch.setattr(harness, "run", boom)
     assert run.entry(["--", "true"]) == 128
 
 

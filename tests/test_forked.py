@@ -195,7 +195,7 @@ def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_i
         runners = [json.loads(Path(tmp_path / f"t{i}.stdout").read_text().splitlines()[-1])
                    ["details"]["runner"] for i in range(4)]
     finally:
-        bisect_cli.RUNNERS.close()
+        bisect_cli.close_launcher()
     assert codes == [0, 0, 0, 0]
     assert runners[0] == runners[1] == runners[2] != runners[3]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import cells, contract, harness, matrix, nodes, slurm_cluster, slurm_jobs
+from tools import cells, contract, harness, matrix, nodes, slurm_cluster, slurm_jobs, slurm_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 FINETUNE = str(ROOT / "repro" / "backbone_finetuning_ddp.py")
@@ -86,7 +86,7 @@ def mini(tmp_path, monkeypatch) -> matrix.Matrix:
 def prepare(m: matrix.Matrix, out: Path, python: str = sys.executable) -> None:
     opts, rest = cells.parse_posargs(["--executor", "slurm", "--time", "20"])
     for cell in m.cells:
-        cells.add_slurm_task(cell, python, out, opts, rest)
+        slurm_matrix.add_cell(cell, python, out, opts, rest)
 
 
 def test_the_matrix_as_a_job_array_gives_the_local_table(tmp_path, mini):
@@ -96,7 +96,7 @@ def test_the_matrix_as_a_job_array_gives_the_local_table(tmp_path, mini):
     out = tmp_path / "slurm"
     prepare(mini, out)
     lines = []
-    table = slurm_jobs.run_matrix(out, slurm_jobs.Options(time="20"), None, log=lines.append)
+    table = slurm_matrix.run_matrix(out, slurm_jobs.Options(time="20"), None, log=lines.append)
     job = json.loads((out / "slurm" / "job.json").read_text())["job"]
     assert any(": running |" in line for line in lines) and any(": completed |" in line for line in lines)
     # the same verdicts as the local run, row for row (times differ)
@@ -128,7 +128,7 @@ def test_ctrl_c_cancels_the_job_and_every_cell_still_gets_its_row(tmp_path, mini
     signal.alarm(8)  # Ctrl-C while the task runs
     try:
         with pytest.raises(KeyboardInterrupt):
-            slurm_jobs.run_matrix(out, slurm_jobs.Options(time="20"), None, log=lambda m: None)
+            slurm_matrix.run_matrix(out, slurm_jobs.Options(time="20"), None, log=lambda m: None)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

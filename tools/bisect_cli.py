@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from tools import contract, envs, harness, index, matrix, results, slurm_jobs
 from tools.bisect import Bisector, Outcome, State
-from tools.preloaded import Runner
+from tools.launcher import How, Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -181,55 +181,41 @@ def own_repro(repro: Path) -> matrix.Repro | None:
     return None
 
 
-class Runners:
-    """The preloaded runner of the candidate being tested: one import for all its runs."""
-
-    def __init__(self):
-        self.key, self.runner = None, None
-
-    def get(self, key: str, python: Path, env: dict, stderr: Path) -> Runner:
-        if key != self.key:
-            self.close()
-            stderr.parent.mkdir(parents=True, exist_ok=True)
-            self.key, self.runner = key, Runner(python, env=env, stderr=stderr)
-        return self.runner
-
-    def close(self) -> None:
-        if self.runner:
-            self.runner.close()
-        self.key, self.runner = None, None
+LAUNCHER: Launcher | None = None  # the bisect's, made once from its options (bisect())
 
 
-RUNNERS = Runners()
+def launcher_for(cfg: Config, out: Path) -> Launcher:
+    """How every run of this bisect is launched, chosen once: a SLURM job per run, or each
+    candidate's runs (its trials included) as forks of one preloaded runner (the workspace's own
+    repros), or a new interpreter per run (a user's script, ``--fresh-process``)."""
+    return Launcher(How(fresh=cfg.fresh_process or not cfg.preload, slurm=cfg.slurm,
+                        runner_stderr=out / "logs" / "preloaded.stderr"), log=log)
 
 
 def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = None,
               import_name: str | None = None, log_stem: Path | None = None,
               candidate: str = "") -> tuple[int, str | None, bool]:
-    """One run of the repro in ``python``'s environment: (code, reason, final). The workspace's
-    own repros run as forks of the candidate's preloaded runner unless ``--fresh-process``; a
-    user's script always runs fresh."""
+    """One run of the repro in ``python``'s environment: (code, reason, final)."""
+    global LAUNCHER
     own = own_repro(cfg.repro)
     argv = [str(cfg.repro), *cfg.repro_args, *(own.fresh_args if own and cfg.fresh_process else ())]
     if own and import_name and "--import-name" not in cfg.repro_args:
         argv += ["--import-name", import_name]
-    env = {**os.environ, **(extra_env or {})}
-    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"  # `python` is the candidate's
-    options = {"timeout": cfg.timeout, "log_stem": log_stem, "signature": cfg.signature}
-    if cfg.slurm is not None:  # one SLURM job per run: a fresh process on a compute node
-        cmd = [str(python), *argv] if cfg.run_as == "python" else argv
-        r = slurm_jobs.run(cmd, env=env, opts=cfg.slurm, **options)
-    elif cfg.preload and not cfg.fresh_process:
-        runner = RUNNERS.get(f"{python}|{candidate}|{json.dumps(extra_env)}", python, env,
-                             out / "logs" / "preloaded.stderr")
-        r = runner.run({"argv": argv, **options, "log_stem": log_stem and str(log_stem)})
-    else:
-        cmd = [str(python), *argv] if cfg.run_as == "python" else argv
-        r = harness.run(cmd, env=env, **options)
+    if LAUNCHER is None:
+        LAUNCHER = launcher_for(cfg, out)
+    r = LAUNCHER.run(Run(tuple(argv), python, kind=cfg.run_as, env=extra_env or {}, timeout=cfg.timeout,
+                         signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate))
     reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
     if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
         reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"
     return r.code, reason, r.final
+
+
+def close_launcher() -> None:
+    global LAUNCHER
+    if LAUNCHER is not None:
+        LAUNCHER.close()
+    LAUNCHER = None
 
 
 def release_predicate(cfg: Config, out: Path):
@@ -590,9 +576,10 @@ def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: f
                       "source": source, "torch": torch, "bisector": b, "how": how}
             status = outcome.status
     finally:
-        RUNNERS.close()
+        close_launcher()
     text = report(cfg, argv, release, commit, time.monotonic() - start)
     data = {"status": status, "argv": argv, "environments": dict(ENV_NOTES),
+            "seconds": round(time.monotonic() - start, 1),
             "releases": release and {"outcome": release["outcome"].to_dict(),
                                      "trials": release["bisector"].trials,
                                      "rate": release["bisector"].rate},
@@ -620,7 +607,7 @@ def main(argv=None) -> int:
         return contract.run_main(lambda a: bisect(parse_args(a), a, log), argv,
                                  "interrupted: verdicts so far are kept; run the same command to resume")
     finally:
-        RUNNERS.close()
+        close_launcher()
 
 
 def log(msg: str) -> None:

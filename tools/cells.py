@@ -9,9 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tools import contract, envs, harness, index, results
-from tools import nodes as multinode
+from tools.launcher import How, Launcher, Run
 from tools.matrix import ROOT, Cell, Matrix, Repro
-from tools.preloaded import Runner
 
 _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
 _START = time.monotonic()
@@ -110,7 +109,7 @@ def progress(cell: Cell, matrix: Matrix, include_unsupported: bool) -> str:
     return line
 
 
-def _cell_json(cell: Cell) -> dict:
+def cell_json(cell: Cell) -> dict:
     return {**asdict(cell), "id": cell.id}
 
 
@@ -129,19 +128,7 @@ def install(session, cell: Cell, out: Path) -> None:
 
 
 def record_skip(cell: Cell, reason: str, out: Path) -> None:
-    save(out / "cells" / f"{cell.id}.json", {"cell": _cell_json(cell), "skipped": reason})
-
-
-def add_slurm_task(cell: Cell, python: str, out: Path, opts: argparse.Namespace,
-                   repro_args: list[str]) -> None:
-    """The cell as a task of the run's SLURM job array (``tools/slurm_jobs.py``)."""
-    from tools import slurm_jobs
-
-    slurm_jobs.add_task(out, {"cell": _cell_json(cell), "python": python, "out": str(out),
-                              "repro_args": repro_args, "timeout": opts.timeout, "script": opts.script,
-                              "signature": opts.signature, "fresh_process": opts.fresh_process,
-                              "verdict_line": opts.verdict_line, "nodes": opts.nodes,
-                              "ranks_per_node": opts.ranks_per_node})
+    save(out / "cells" / f"{cell.id}.json", {"cell": cell_json(cell), "skipped": reason})
 
 
 def repros_of(matrix: Matrix, script: str | None, verdict_line: bool = False) -> list[Repro]:
@@ -167,35 +154,24 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
     their nodes on the job's first node). Results are written after every repro.
     """
     started = time.monotonic()
-    outcome: dict = {"cell": _cell_json(cell), "results": {}, "repro_args": repro_args,
-                     "launch": ("fresh-process" if fresh_process or nodes > 1 else "preloaded")
-                     + (f", {nodes} nodes x {ranks_per_node} ranks" if nodes > 1 else ""),
-                     "incomplete": True, "seconds": 0.0}
     logs = out / "logs" / cell.id
+    how = How(fresh=fresh_process, nodes=nodes, ranks_per_node=ranks_per_node, allocation=allocation,
+              runner_stderr=logs / "preloaded.stderr")
+    outcome: dict = {"cell": cell_json(cell), "results": {}, "repro_args": repro_args,
+                     "launch": how.label, "incomplete": True, "seconds": 0.0}
     repros = repros_of(matrix, script, verdict_line)
-    jobs = []
+    by_name = {r.name: r for r in repros}
+    runs = []
     for repro in repros:
         args = [a.replace("{out}", str(logs))
                 for a in (*repro.args, *(repro.fresh_args if fresh_process else ()))]
-        jobs.append({"name": repro.name, "preload": repro.preload and not fresh_process,
-                     "argv": [str(ROOT / repro.script), *args,
-                              *(repro_args if repro.passthrough else [])],
-                     "timeout": timeout, "log_stem": str(logs / repro.name),
-                     "signature": None if repro.preload else signature})
-    by_name = {r.name: r for r in repros}
-    if nodes > 1:
-        for job in jobs:
-            job["preload"] = False
-            how = by_name[job["name"]].multinode
-            if how == "torchrun":
-                job["argv"] += ["--num-nodes", str(nodes), "--devices", str(ranks_per_node)]
-            elif how == "self":
-                job["argv"] += ["--nodes", str(nodes), "--ranks-per-node", str(ranks_per_node)]
-            elif by_name[job["name"]].passthrough and job["name"].startswith("script:"):
-                job["multinode"] = "torchrun"  # a user's script: launched by torchrun on each node
-            job.setdefault("multinode", how)
-    preloaded = [j for j in jobs if j["preload"]]
-    fresh = [j for j in jobs if not j["preload"]]
+        yours = repro.name.startswith("script:")
+        runs.append((repro.name, Run(
+            (str(ROOT / repro.script), *args, *(repro_args if repro.passthrough else [])), Path(python),
+            kind=harness.how_to_run(Path(script), "--script") if yours else "python",
+            timeout=timeout, log_stem=logs / repro.name, signature=None if repro.preload else signature,
+            own=repro.preload, multinode="torchrun" if yours else repro.multinode)))
+    runs.sort(key=lambda item: not item[1].own)  # the own repros first: they share one runner
 
     def record(name: str, res: harness.RunResult) -> None:
         outcome["results"][name] = res.to_dict()
@@ -208,39 +184,12 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
         outcome["seconds"] = round(time.monotonic() - started, 1)
         save(out / "cells" / f"{cell.id}.json", outcome)  # nothing lost on Ctrl-C
 
-    if preloaded:
-        logs.mkdir(parents=True, exist_ok=True)
-        with Runner(python, stderr=logs / "preloaded.stderr") as runner:
-            for job in preloaded:
-                record(job["name"], runner.run(job))
-                if runner.forked is False:
-                    outcome["launch"] = "fresh-process (the preload failed: see preloaded.stderr)"
-    for job in fresh:
-        how = job.get("multinode")
-        if nodes > 1 and how == "torchrun" and allocation:
-            srun = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node}",
-                    "--kill-on-bad-exit=1", python, *job["argv"]]
-            res = harness.run(srun, timeout=job["timeout"], log_stem=job["log_stem"],
-                              signature=job["signature"], env={**os.environ, **allocation})
-            if res.returncode is not None and res.returncode >= 0:  # srun merges its tasks
-                text, err = (Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
-                j = multinode.judge_merged(res.returncode, text, err, job["signature"])
-                res.code, res.verdict, res.reason, res.record = (j.code, contract.name(j.code), j.reason,
-                                                                 j.record)
-        elif nodes > 1 and how == "torchrun":
-            res = multinode.run_job([python, *job["argv"]], nodes=nodes, per_node=ranks_per_node,
-                                    timeout=job["timeout"], log_stem=job["log_stem"],
-                                    signature=job["signature"], progress=log)
-        elif nodes > 1 and how != "self":
-            res = harness.RunResult(contract.SKIP, "skip", "runs on one node only (no multinode in "
-                                    "repro/matrix.toml)", 0.0, None)
-        else:
-            own_exec = job["name"].startswith("script:") and harness.how_to_run(
-                Path(script), "--script") == "exec"  # a #! script of another language: as it is
-            res = harness.run(job["argv"] if own_exec else [python, *job["argv"]], timeout=job["timeout"],
-                              log_stem=job["log_stem"], signature=job["signature"],
-                              env=harness.env_for(python))
-        record(job["name"], res)
+    logs.mkdir(parents=True, exist_ok=True)
+    with Launcher(how, log) as launcher:
+        for name, run in runs:
+            record(name, launcher.run(run))
+            if run.own and launcher.forked is False:
+                outcome["launch"] = "fresh-process (the preload failed: see preloaded.stderr)"
     outcome["seconds"] = round(time.monotonic() - started, 1)
     del outcome["incomplete"]
     _DONE.append(outcome["seconds"])

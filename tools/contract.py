@@ -192,3 +192,19 @@ def run_main(main, argv=None, interrupted: str = "interrupted") -> int:
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return INTERRUPTED
+
+
+BISECT_USAGE = 129  # bad options of a program ``git bisect run`` calls: never a verdict
+
+
+def bisect_entry(program, argv=None) -> int:
+    """``program(argv)`` for ``git bisect run``: every outcome that is not a verdict maps to >= 128
+    (bad options 129, a crash of the harness 128, interrupted 130), so a problem of the harness
+    is never read as bad (exit 1) or as "cannot test" (125). Shared by ``tools.run`` and
+    ``tools.nodes``."""
+    try:
+        code = run_main(program, argv)
+    except Exception as err:  # noqa: BLE001  (a crash of the harness: never exit 1)
+        print(f"error: harness failure: {type(err).__name__}: {err}", file=sys.stderr)
+        return FAIL
+    return BISECT_USAGE if code == USAGE else code

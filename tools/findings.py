@@ -104,9 +104,7 @@ def check(kind: str, folder: Path, files: dict[str, str]) -> None:
         if not isinstance(report.get("status"), str) or not isinstance(report.get("argv"), list):
             raise BadInput(f"{folder / 'report.json'}: not a report of `nox -s bisect` (no status, argv)")
     elif kind == "patches":
-        from tools import pr_bundle  # it quotes these tables: imported here, not at the top
-
-        pr_bundle.read_summary(folder / "summary.json")  # its BadInput is the contract's
+        results.read_patch_summary(folder / "summary.json")  # its BadInput is the contract's
     if kind == "stress" and not files["summary.md"].startswith("| scenario |"):
         raise BadInput(f"{folder / 'summary.md'}: not a summary of the stress catalogue")
 
@@ -322,6 +320,57 @@ def bisect_answer(r: Record) -> str:
     return r.files["report.md"].split("Reproduce the bisect")[0].replace("## Bisect result", "", 1).strip()
 
 
+CORPUS = ROOT / "tests" / "corpus" / "cases.toml"
+CORPUS_PREFIX = "corpus-"  # bisect records of the corpus: one table, not a section each
+
+
+def corpus_table(records: list[Record]) -> list[str]:
+    """The corpus runs (records named ``corpus-<case>-torch<mode>``) against the culprits the
+    cases name (``tests/corpus/cases.toml``): found or not, steps, time."""
+    import tomllib
+
+    cases = {c["name"]: c for c in tomllib.loads(CORPUS.read_text())["case"]} if CORPUS.exists() else {}
+    lines = ["### Corpus of real regressions (`tests/corpus`, `tests/test_corpus.py`)", "",
+             "Each case bisected from its user-style script as a user would run it "
+             "(`nox -s bisect -- --repro tests/corpus/<case>.py --signature ... --repo <checkout>`), "
+             "with the torch of each release's day (`auto`) and with one fixed torch; right when the "
+             "commit named is the culprit upstream named (or the same change's other cherry-pick).", "",
+             "| case | torch | releases: last good -> first bad | first bad commit | right? | steps "
+             "(releases + commits) | s | notes |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        report = r.json("report.json")
+        rest = r.name[len(CORPUS_PREFIX):]
+        case_name, _, mode = rest.rpartition("-torch")
+        case = cases.get(case_name, {})
+        rel = (report.get("releases") or {}).get("outcome") or {}
+        com = (report.get("commits") or {}).get("outcome") or {}
+        commits = {c["sha"]: c for c in (report.get("commits") or {}).get("commits", [])}
+        first = commits.get(com.get("first_bad") or "", {})
+        named = f"`{first['sha'][:10]}` {first['subject'][:70]}" if first else f"({report.get('status')})"
+        right = bool(first) and (any(first["sha"].startswith(c) for c in case.get("culprits", ()))
+                                 or f"(#{case.get('pr')})" in first.get("subject", ""))
+        ran = lambda o: sum(1 for s in o.get("steps", []) if not s.get("cached"))  # noqa: E731
+        seconds = report.get("seconds")
+        if seconds is None:
+            found = re.search(r"; (\d+) s\.", r.files["report.md"])
+            seconds = found and int(found.group(1))
+        notes = []
+        if "Not monotonic" in r.files["report.md"]:
+            notes.append("not monotonic (said)")
+        untestable = re.findall(r"(\d+) could not be tested", r.files["report.md"])
+        if any(int(n) for n in untestable):
+            notes.append(f"{sum(int(n) for n in untestable)} untestable (said)")
+        lines.append(f"| {case_name} | {mode} | {rel.get('last_good')} -> {rel.get('first_bad')} | {named} | "
+                     f"{'yes' if right else '**no**'} | {ran(rel)} + {ran(com)} | {seconds or '?'} | "
+                     f"{', '.join(notes)} |")
+    found = sum("| yes |" in line for line in lines)
+    lines += ["", f"{found} of {len(records)} runs named the culprit.", ""]
+    for r in records:
+        lines += [f"<details><summary>{r.name}</summary>", "", provenance(r), "",
+                  bisect_answer(r), "", "</details>", ""]
+    return lines
+
+
 def section(r: Record) -> list[str]:
     lines = [f"### {r.name}", "", provenance(r), ""]
     if r.kind == "repro":
@@ -349,8 +398,12 @@ def render(data: Path | None = None) -> str:
         lines += [f"## {TITLES[kind]}", ""]
         if not records[kind]:
             lines += [not_recorded(kind), ""]
+        corpus = [r for r in records[kind] if kind == "bisect" and r.name.startswith(CORPUS_PREFIX)]
         for r in records[kind]:
-            lines += section(r)
+            if r not in corpus:
+                lines += section(r)
+        if corpus:
+            lines += corpus_table(corpus)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -68,12 +68,6 @@ def how_to_run(script: Path, option: str, given: str | None = None) -> str:
     raise contract.BadInput(f"{option} {given}: cannot tell how to run it (not a .py file, no #! line)")
 
 
-def script_command(script: Path, kind: str, python: Path) -> list[str]:
-    """The command line of a script ``how_to_run`` judged ``kind``, in ``python``'s environment
-    (an ``exec`` script finds that ``python`` first on ``PATH``: see ``env_for``)."""
-    return [str(python), str(script)] if kind == "python" else [str(script)]
-
-
 def env_for(python: Path, env: dict | None = None) -> dict:
     """``env`` (default: this process's) with ``python``'s ``bin`` folder first on ``PATH``."""
     env = dict(os.environ if env is None else env)

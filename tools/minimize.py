@@ -61,6 +61,7 @@ from pathlib import Path
 from tools import contract, envs, harness, index, matrix, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
+from tools.launcher import How, Launcher, Run
 from tools.minimize_passes import (
     bind_constant_args,
     datamodules,
@@ -84,7 +85,6 @@ from tools.minimize_passes import (
     unwrap_module,
     wrappers,
 )
-from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CELL = "pl2_6_6_torch2_13_0"
@@ -552,8 +552,8 @@ class Oracle:
         self.round_start = 0  # shrinks when the reducer's current round began
         self.timeout = cfg.timeout  # for the original; then from its duration (check_original)
         self.slowest = self.slow = None  # the original's slowest run; the limit of an interesting one
-        self.runner: Runner | None = None
-        self.env = {**os.environ, "PATH": f"{cfg.python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        # the candidates' runs: forks of one preloaded runner, a fresh interpreter with --fresh-process
+        self.launcher = Launcher(How(fresh=cfg.fresh_process, runner_stderr=cfg.out / "preloaded.stderr"))
         (cfg.out / "runs").mkdir(parents=True, exist_ok=True)
 
     def key(self, files: dict[str, str | None]) -> str:
@@ -584,16 +584,9 @@ class Oracle:
         argv = [str(work / self.cfg.script.name), *self.cfg.args]
         log_stem = self.cfg.out / "runs" / stem
         signature = None if self.cfg.verdict_line else self.cfg.signature
-        try:
-            if fresh:
-                r = harness.run([str(self.cfg.python), *argv], timeout=self.timeout,
-                                log_stem=log_stem, env=self.env, cwd=work, signature=signature)
-            else:
-                if self.runner is None:
-                    self.runner = Runner(self.cfg.python, env=self.env,
-                                         stderr=self.cfg.out / "preloaded.stderr")
-                r = self.runner.run({"argv": argv, "cwd": str(work), "timeout": self.timeout,
-                                     "log_stem": str(log_stem), "signature": signature})
+        try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
+            r = self.launcher.run(Run(tuple(argv), self.cfg.python, cwd=work, timeout=self.timeout,
+                                      signature=signature, log_stem=log_stem, own=not fresh))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         output = "".join(Path(p).read_text(errors="replace")
@@ -786,9 +779,7 @@ class Oracle:
                  f"{'' if interesting else f' ({reason[:120]})'}")
 
     def close(self) -> None:
-        if self.runner:
-            self.runner.close()
-            self.runner = None
+        self.launcher.close()
 
 
 def clock(seconds: float) -> str:

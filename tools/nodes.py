@@ -38,18 +38,11 @@ FAILED_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitc
 
 
 @dataclass
-class JobResult:
-    code: int
-    verdict: str
-    reason: str | None
-    seconds: float
+class JobResult(harness.RunResult):
+    """The verdict of the whole job (rank 0's), as one run's, with its nodes and ranks."""
+
     nodes: list[dict] = field(default_factory=list)  # each node's harness result
     ranks: dict[int, int] = field(default_factory=dict)  # exit code of each failed rank
-    record: dict | None = None
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("code", "verdict", "reason", "seconds", "nodes", "ranks",
-                                                "record")}
 
 
 def torchrun(python: str, nodes: int, per_node: int, node_rank: int, endpoint: str, run_id: str,
@@ -150,7 +143,7 @@ def judge_job(found: list[harness.RunResult], signature: str | None, seconds: fl
     failed = next((r for r in found if r.code >= contract.FAIL and r.returncode is None), None)
     if failed is not None:  # the harness failed on a node: no verdict for the job
         nodes = [{"node": i, "verdict": r.verdict, "reason": r.reason} for i, r in enumerate(found)]
-        return JobResult(contract.FAIL, "error", failed.reason, round(seconds, 2), nodes)
+        return JobResult(contract.FAIL, "error", failed.reason, round(seconds, 2), None, nodes=nodes)
     outputs = [(verdict_last(_read(r.stdout_path)), _read(r.stderr_path)) for r in found]
     ranks: dict[int, int] = {}
     for _, err in outputs:
@@ -160,7 +153,8 @@ def judge_job(found: list[harness.RunResult], signature: str | None, seconds: fl
                for i, r in enumerate(found)]
 
     def result(code: int, reason: str | None, record=None) -> JobResult:
-        return JobResult(code, contract.name(code), reason, round(seconds, 2), summary, ranks, record)
+        return JobResult(code, contract.name(code), reason, round(seconds, 2), None, record,
+                         nodes=summary, ranks=ranks, final=code in (contract.GOOD, contract.BAD))
 
     judged = []
     for (out, err), r in zip(outputs, found, strict=True):
@@ -232,6 +226,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from tools.run import entry
-
-    sys.exit(entry(program=main))
+    sys.exit(contract.bisect_entry(main))

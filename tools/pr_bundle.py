@@ -15,7 +15,6 @@ quoting the recorded runs of FINDINGS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -24,12 +23,6 @@ from pathlib import Path
 from tools import comments, contract, findings, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
-# what the bundle reads of a row of ``nox -s patches`` (validate_patches.validate), and its types
-ROW = {"patch": str, "cell": str, "ok": bool, "applies": str, "before": str, "after": str,
-       "after_detail": (str, type(None)), "upstream_tests": str}
-OPTIONAL = {"on_top_of": list, "series_still_fixed": dict}
-
-
 class BadInput(contract.BadInput):
     """An input of the bundle that cannot be used (one line, exit 2)."""
 
@@ -49,27 +42,7 @@ def evidence(patch: patches.Patch) -> list[dict]:
     return [rows[c] for c in patch.cells] if set(rows) == set(patch.cells) else []
 
 
-def read_summary(path: Path) -> list[dict]:
-    """The rows of a ``summary.json`` of ``nox -s patches``; a BadInput when it is not one."""
-    def bad(why: str) -> BadInput:
-        return BadInput(f"{path}: not a summary of `nox -s patches` ({why})")
-
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise bad(f"cannot read it: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise bad("not UTF-8") from None
-    except json.JSONDecodeError as err:
-        raise bad(f"not JSON: {err.msg} at line {err.lineno}") from None
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise bad("not a list of rows")
-    for i, row in enumerate(rows, 1):
-        wrong = [key for key, kind in ROW.items() if key not in row or not isinstance(row[key], kind)]
-        wrong += [key for key, kind in OPTIONAL.items() if key in row and not isinstance(row[key], kind)]
-        if wrong:
-            raise bad(f"row {i}: no valid {', '.join(sorted(wrong))}")
-    return rows
+read_summary = results.read_patch_summary  # (BadInput is the contract's)
 
 
 def issue_of(patch: patches.Patch) -> str:

@@ -144,3 +144,36 @@ def summary_markdown(cells: list[dict], repros: list[str]) -> str:
                    f"{c.get('seconds', 0):.0f}" + (" (interrupted)" if c.get("incomplete") else "")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+# what is read of a row of ``nox -s patches`` (validate_patches.validate), and its types: by
+# FINDINGS.md and by the PR bundle, which quote these tables
+PATCH_ROW = {"patch": str, "cell": str, "ok": bool, "applies": str, "before": str, "after": str,
+             "after_detail": (str, type(None)), "upstream_tests": str}
+PATCH_ROW_OPTIONAL = {"on_top_of": list, "series_still_fixed": dict}
+
+
+def read_patch_summary(path: Path) -> list[dict]:
+    """The rows of a ``summary.json`` of ``nox -s patches``; a BadInput when it is not one."""
+    from tools.contract import BadInput
+
+    def bad(why: str) -> BadInput:
+        return BadInput(f"{path}: not a summary of `nox -s patches` ({why})")
+
+    try:
+        rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise bad(f"cannot read it: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise bad("not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise bad(f"not JSON: {err.msg} at line {err.lineno}") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise bad("not a list of rows")
+    for i, row in enumerate(rows, 1):
+        wrong = [key for key, kind in PATCH_ROW.items() if key not in row or not isinstance(row[key], kind)]
+        wrong += [key for key, kind in PATCH_ROW_OPTIONAL.items()
+                  if key in row and not isinstance(row[key], kind)]
+        if wrong:
+            raise bad(f"row {i}: no valid {', '.join(sorted(wrong))}")
+    return rows

@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from tools import contract, harness
-
-USAGE = 129  # not 2: git bisect run would read 2 as "bad"
+from tools import contract
+from tools.launcher import Launcher, Run
 
 
 def main(argv=None) -> int:
@@ -45,20 +44,15 @@ def main(argv=None) -> int:
             Path(f"{args.log}.stdout").touch()
         except OSError as err:
             raise contract.BadInput(f"--log {args.log}: cannot write there ({err.strerror})") from None
-    result = harness.run(cmd, timeout=args.timeout, log_stem=args.log, signature=args.signature)
+    result = Launcher().run(Run(tuple(cmd), kind="exec", timeout=args.timeout,
+                                log_stem=Path(args.log) if args.log else None, signature=args.signature))
     print(json.dumps(result.to_dict(), default=str))
     return result.code
 
 
 def entry(argv=None, program=None) -> int:
-    """``program`` (default ``main``) with every non-verdict outcome mapped to >= 128 (see the
-    module docstring): shared by the command lines a ``git bisect run`` may call."""
-    try:
-        code = contract.run_main(program or main, argv)
-    except Exception as err:  # noqa: BLE001  (a crash of the harness: never exit 1)
-        print(f"error: harness failure: {type(err).__name__}: {err}", file=sys.stderr)
-        return contract.FAIL
-    return USAGE if code == contract.USAGE else code
+    """``program`` (default ``main``) under ``git bisect run``'s rules (``contract.bisect_entry``)."""
+    return contract.bisect_entry(program or main, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""SLURM as the engine: the matrix's cells as one job array, a bisect step as one job.
+"""SLURM as an executor: a run as one job (a bisect step), every job under a guard that ends it
+when its submitter is gone, and what SLURM says of a job (the matrix as a job array is
+``tools/slurm_matrix.py``, above this floor).
 
 Plain ``sbatch`` / ``squeue`` / ``sacct`` / ``scancel`` (see README: why not submitit): the jobs
 run the workspace's own code on the cluster's shared filesystem, so there is nothing to pickle
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
-import json
 import os
 import shlex
 import signal
@@ -193,19 +194,7 @@ def guard(beat: Path, stale: float, cmd: list[str]) -> int:
             return 128 + signal.SIGTERM
 
 
-# -- the matrix as a job array -------------------------------------------------------------
-
-def tasks_path(out: Path) -> Path:
-    return out / "slurm" / "tasks.json"
-
-
-def add_task(out: Path, task: dict) -> None:
-    """Add (or replace) a cell's task in ``<run>/slurm/tasks.json`` (written atomically)."""
-    path = tasks_path(out)
-    tasks = json.loads(path.read_text()) if path.exists() else []
-    tasks = [t for t in tasks if t["cell"]["id"] != task["cell"]["id"]] + [task]
-    results.write_json(path, tasks)
-
+# -- what SLURM says of a job ---------------------------------------------------------------
 
 def states(job: str) -> dict[int, str] | None:
     """Array index -> state, from squeue (pending, running, recently ended) then sacct; None
@@ -234,164 +223,6 @@ def job_state(job: str) -> str | None:
         return q.stdout.split()[0]
     acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], check=False)
     return acct.stdout.split()[0] if acct.stdout.split() else None
-
-
-def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
-    tasks = json.loads(tasks_path(out).read_text())
-    logs = out / "slurm"
-    script = logs / "task.sh"
-    # each task runs with its own cell's interpreter (on the shared filesystem, as its environment)
-    pythons, tasks_file = shlex.quote(str(logs / "pythons")), shlex.quote(str(tasks_path(out)))
-    guarded = " ".join(shlex.quote(a) for a in guard_command(logs / "heartbeat"))
-    results.write_atomic(script, "#!/bin/sh\n"
-                         f"cd {shlex.quote(str(ROOT))}\n"
-                         f'python=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {pythons})\n'
-                         f'exec "$python" {guarded} "$python" -m tools.slurm_jobs task {tasks_file} '
-                         '"$SLURM_ARRAY_TASK_ID"\n')
-    results.write_atomic(logs / "pythons", "".join(f"{t['python']}\n" for t in tasks))
-    cmd = ["sbatch", "--parsable", f"--array=0-{len(tasks) - 1}", "--job-name=repro-matrix",
-           f"--output={logs}/%A_%a.out", f"--error={logs}/%A_%a.err", *opts.sbatch_args(), str(script)]
-    job = _slurm(cmd).stdout.strip().split(";")[0]
-    results.write_json(logs / "job.json",
-                       {"job": job, "sbatch": cmd, "cells": [t["cell"]["id"] for t in tasks]})
-    log(f"[slurm] submitted job {job}: {len(tasks)} cell(s) as array tasks 0-{len(tasks) - 1}")
-    return job, tasks
-
-
-def _complete(out: Path, task: dict) -> bool:
-    path = out / "cells" / f"{task['cell']['id']}.json"
-    try:
-        return not json.loads(path.read_text()).get("incomplete")
-    except (OSError, ValueError):
-        return False
-
-
-def wait(job: str, tasks: list[dict], out: Path, log=print, poll: float = 2.0,
-         outage: float | None = None, limit: float | None = None) -> dict[int, str]:
-    """Until every task has ended; a line whenever a task changes state. A task SLURM no longer
-    knows (its records expired) counts as ended once its cell's JSON is complete, or after a
-    minute without news. A controller that has not answered for ``outage`` seconds (default
-    ``OUTAGE``) raises ``Outage``; after ``limit`` seconds the states known so far are returned."""
-    started, shown = time.monotonic(), {}
-    missing_since: dict[int, float] = {}
-    answered = time.monotonic()
-    outage = OUTAGE if outage is None else outage
-    while True:
-        now = states(job)
-        if now is None and time.monotonic() - answered > outage:
-            raise Outage(f"the SLURM controller has not answered for {time.monotonic() - answered:.0f} s "
-                         f"(squeue -j {job}): every cell keeps its row")
-        if limit is not None and time.monotonic() - started > limit:
-            return shown
-        if now is not None:
-            answered = time.monotonic()
-            for i in range(len(tasks)):
-                if i in now:
-                    missing_since.pop(i, None)
-                elif _complete(out, tasks[i]):
-                    now[i] = "COMPLETED"
-                elif time.monotonic() - missing_since.setdefault(i, time.monotonic()) > 60:
-                    now[i] = "UNKNOWN"
-            for i, state in sorted(now.items()):
-                if i < len(tasks) and shown.get(i) != state:
-                    shown[i] = state
-                    counts = {k: sum(1 for s in shown.values() if _phase(s) == k)
-                              for k in ("queued", "running", "done")}
-                    log(f"[slurm] {job}_{i} {tasks[i]['cell']['id']}: {state.lower()} | "
-                        f"{counts['queued']} queued, {counts['running']} running, {counts['done']} done, "
-                        f"{time.monotonic() - started:.0f} s")
-            if len(shown) == len(tasks) and all(_phase(s) == "done" for s in shown.values()):
-                return shown
-        time.sleep(poll)
-
-
-def _phase(state: str) -> str:
-    if state in ENDED or state == "UNKNOWN":
-        return "done"
-    return "queued" if state in ("PENDING", "CONFIGURING", "REQUEUED") else "running"
-
-
-def collect(out: Path, job: str, tasks: list[dict], ended: dict[int, str], why: str | None = None) -> None:
-    """A failed row for every cell whose task ended without writing its complete JSON (or whose
-    state is not known: ``why``); the repros a cut-off task did finish stay in its row."""
-    from tools import cells
-
-    for i, task in enumerate(tasks):
-        path = out / "cells" / f"{task['cell']['id']}.json"
-        data = json.loads(path.read_text()) if path.exists() else None
-        if data and not data.get("incomplete"):
-            continue
-        state = ended.get(i, "UNKNOWN")
-        err = out / "slurm" / f"{job}_{i}.err"
-        tail = err.read_text(errors="replace").strip().splitlines()[-1:] if err.exists() else []
-        reason = f"slurm job {job}_{i} {state}" + (f": {tail[0][:120]}" if tail else "")
-        if why and i not in ended:
-            reason = f"slurm job {job}_{i}: {why}"
-        if data and data.get("results"):  # cut off mid-cell: keep what finished, say why the rest did not
-            data["slurm"] = reason
-            results.write_json(path, data)
-        else:
-            cells.record_skip(_cell(task), reason, out)
-
-
-def _cell(task: dict):
-    from tools.matrix import Cell
-
-    c = task["cell"]
-    return Cell(c["package"], c["lightning"], c["torch"], c["declared"], c.get("included"), c["index"])
-
-
-def run_task(tasks_file: Path, index: int) -> int:
-    """One array task: the cell run as ``nox -s repro`` runs it on a workstation."""
-    from tools import cells, matrix
-
-    task = json.loads(tasks_file.read_text())[index]
-    # the batch step's SLURM_* variables describe the job, not a launcher of ranks: the cell's
-    # repros start their own ranks inside the allocation, as on a workstation (on one node), or
-    # through srun with them (on several)
-    job = os.environ.get("SLURM_JOB_ID")
-    allocation = {v: os.environ.pop(v) for v in list(os.environ) if v.startswith(("SLURM_", "SLURMD_"))}
-    print(f"[slurm task] job {job}: cell {task['cell']['id']}", flush=True)
-    out = Path(task["out"])
-    cells.run_cell(_cell(task), matrix.load(), task["python"], out, task["repro_args"], task["timeout"],
-                   script=task.get("script"), signature=task.get("signature"),
-                   fresh_process=task.get("fresh_process", False),
-                   verdict_line=task.get("verdict_line", False),
-                   nodes=task.get("nodes", 1), ranks_per_node=task.get("ranks_per_node", 1),
-                   allocation=allocation if task.get("nodes", 1) > 1 else None)
-    return 0
-
-
-def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
-    """Submit the prepared cells, wait, collect, and return the summary table. Interrupted
-    (Ctrl-C, a killed nox): the job is cancelled and every cell still gets its row."""
-    from tools import cells, matrix
-
-    if not tasks_path(out).exists():
-        raise BadInput(f"no cells prepared in {out} (run `nox -s repro -- --executor slurm`)")
-    job, tasks, ended = None, [], {}
-    with heartbeat(out / "slurm" / "heartbeat"):
-        try:
-            job, tasks = submit_array(out, opts, log)
-            ended = wait(job, tasks, out, log)
-        except BaseException as exc:
-            if job is None:  # interrupted while sbatch ran: cancel what it may have submitted
-                _slurm(["scancel", "--name=repro-matrix", f"--user={getpass.getuser()}"], check=False)
-                raise
-            why = str(exc) if isinstance(exc, Outage) else "interrupted"
-            cancel = _slurm(["scancel", job], check=False)
-            log(f"[slurm] cancelled job {job}" if cancel.returncode == 0 else
-                f"[slurm] could not cancel job {job} ({cancel.stderr.strip()[-120:]}): its tasks end "
-                f"themselves within {STALE:g} s of this run's end")
-            try:  # bounded: what the controller says within half a minute
-                ended = wait(job, tasks, out, lambda _m: None, poll=1.0, outage=15, limit=30)
-            except Outage:
-                pass
-            collect(out, job, tasks, ended, why)
-            log(cells.write_summary(out, matrix.load(), script))
-            raise
-    collect(out, job, tasks, ended)
-    return cells.write_summary(out, matrix.load(), script)
 
 
 # -- a bisect step as one job --------------------------------------------------------------
@@ -448,11 +279,9 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 3 and argv[0] == "task":
-        return run_task(Path(argv[1]), int(argv[2]))
     if len(argv) >= 5 and argv[0] == "guard" and argv[3] == "--":
         return guard(Path(argv[1]), float(argv[2]), argv[4:])
-    raise BadInput("usage: python -m tools.slurm_jobs task TASKS_FILE INDEX | guard BEAT STALE -- CMD...")
+    raise BadInput("usage: python -m tools.slurm_jobs guard BEAT STALE -- CMD...")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import harness
+from tools.launcher import Launcher, Run
 
 TESTS = "tests/tests_pytorch"  # where Lightning's pytest runs start (its conftest lives there)
 SOURCE = re.compile(r"^src/lightning/pytorch/(?:(.+)/)?(\w+)\.py$")
@@ -188,10 +188,10 @@ def run_pytest(python: Path, tree: Path, targets: list[str], log_stem: Path, tim
     tree, log_stem = Path(tree), Path(log_stem)
     junit = Path(f"{log_stem}.xml")
     junit.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree / 'tests'}"}
+    env = {"PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree / 'tests'}"}
     # peer_grace = timeout: the processes a test starts end on their own, test after test
-    res = harness.run(pytest_command(python, tree, targets, junit), timeout=timeout, peer_grace=timeout,
-                      env=env, cwd=tree / TESTS, log_stem=log_stem)
+    res = Launcher().run(Run(tuple(pytest_command(python, tree, targets, junit)), kind="exec", env=env,
+                             cwd=tree / TESTS, timeout=timeout, peer_grace=timeout, log_stem=log_stem))
     output = "".join(Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path) if p)
     timed_out = (res.reason or "").startswith("timed out")
     try:

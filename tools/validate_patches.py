@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tools import contract, envs, harness, index, matrix, patches, results, torch_host
 from tools import upstream_tests as ut
+from tools.launcher import Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -125,7 +126,7 @@ def throwaway(args: list[str], folder: Path) -> Path:
 
 def run(patch: patches.Patch, python: Path, log_stem: Path) -> harness.RunResult:
     script, *rest = patch.repro
-    return harness.run([str(python), str(ROOT / script), *rest], timeout=600, log_stem=log_stem)
+    return Launcher().run(Run((str(ROOT / script), *rest), python, log_stem=log_stem))
 
 
 def patched_env(args: list[str], folder: Path, applied: list[patches.Patch]) -> Path:
@@ -375,8 +376,8 @@ def torch_run(python: Path, tree: Path, nodes: list[str], log_stem: Path) -> ut.
         by_file.setdefault(file, []).append(".".join(names))
     code, output = 0, ""
     for n, (file, names) in enumerate(by_file.items()):
-        res = harness.run([str(python), str(tree / file), *names], timeout=1800, cwd=tree,
-                          log_stem=f"{log_stem}-{n}")
+        res = Launcher().run(Run((str(tree / file), *names), python, cwd=tree, timeout=1800,
+                                 log_stem=Path(f"{log_stem}-{n}")))
         output += "".join(Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
         code = code or res.returncode
         if (res.reason or "").startswith("timed out"):
@@ -509,8 +510,8 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
 
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
-    return harness.run(harness.script_command(script.path, script.kind, python), timeout=600,
-                       env=harness.env_for(python), log_stem=log_stem, signature=script.signature)
+    return Launcher().run(Run((str(script.path),), python, kind=script.kind, log_stem=log_stem,
+                              signature=script.signature))
 
 
 class Parser(argparse.ArgumentParser):

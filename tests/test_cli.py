@@ -1,0 +1,50 @@
+"""The command-line surface, as cargo-bisect-rustc's ``tests/cmd`` snapshots it: each program's
+``--help`` and its one-line errors for bad input, compared with the expectations checked in under
+``tests/cli/`` (one TOML file per case: ``module``, ``args``, ``status``, ``stdout``, ``stderr``).
+An accidental change of an option, a message or an exit code fails here.
+
+After an intended change: ``UPDATE_CLI=1 nox -s tests -- tests/test_cli.py`` rewrites the
+expectations; review them with ``git diff tests/cli``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = sorted((ROOT / "tests" / "cli").glob("*.toml"))
+
+
+def run(case: dict) -> dict:
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1"}  # argparse wraps help to COLUMNS
+    proc = subprocess.run([sys.executable, "-m", case["module"], *case["args"]], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return {"status": proc.returncode, "stdout": proc.stdout.replace(str(ROOT), "[ROOT]"),
+            "stderr": proc.stderr.replace(str(ROOT), "[ROOT]")}
+
+
+def toml_string(text: str) -> str:
+    return '"""\n' + text.replace("\\", "\\\\").replace('"""', '\\"""') + '"""'
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_the_command_line_is_what_it_was(path):
+    case = tomllib.loads(path.read_text())
+    got = run(case)
+    if os.environ.get("UPDATE_CLI"):
+        path.write_text(f"module = {json.dumps(case['module'])}\nargs = {json.dumps(case['args'])}\n"
+                        f"status = {got['status']}\nstdout = {toml_string(got['stdout'])}\n"
+                        f"stderr = {toml_string(got['stderr'])}\n")
+        return
+    assert (got["status"], got["stdout"], got["stderr"]) == (case["status"], case["stdout"], case["stderr"])
+
+
+def test_every_program_has_its_help_snapshotted():
+    helped = {tomllib.loads(p.read_text())["module"] for p in CASES if p.stem.endswith("-help")}
+    assert helped >= {"tools.bisect_cli", "tools.minimize", "tools.validate_patches", "tools.pr_bundle",
+                      "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes"}

@@ -1,0 +1,65 @@
+"""The shape of ``tools/``: no import cycles, and one way down to a running process.
+
+Every import between ``tools`` modules counts, at the top of a module or inside a function (a
+function-level import that closes a cycle is a cycle all the same). And only the launcher and
+the floors below it start a run: every other module describes a run (``launcher.Run``) and
+hands it to a ``launcher.Launcher``.
+"""
+
+import ast
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+MODULES = {p.stem: p for p in TOOLS.glob("*.py") if p.stem != "__init__"}
+# the launcher and what it stands on; stress.py runs the catalogue's forked workers inside its repro
+LAUNCH_FLOORS = {"launcher", "harness", "preloaded", "nodes", "slurm_jobs", "stress"}
+STARTS_A_RUN = {("harness", "run"), ("harness", "run_forked"), ("nodes", "run_job"),
+                ("slurm_jobs", "run"), ("preloaded", "Runner")}
+
+
+def imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "tools":
+            found |= {a.name for a in node.names if a.name in MODULES}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tools."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("tools.")}
+    return found - {path.stem}
+
+
+def test_no_import_cycle_among_the_tools_modules():
+    graph = {name: imports(path) & set(MODULES) for name, path in MODULES.items()}
+    cycles = []
+
+    def walk(node, path):
+        for dep in sorted(graph[node]):
+            if dep == path[0]:
+                cycles.append(" -> ".join([*path, dep]))
+            elif dep not in path:
+                walk(dep, [*path, dep])
+
+    for name in sorted(graph):
+        walk(name, [name])
+    assert cycles == []
+
+
+def test_only_the_launcher_and_its_floors_start_runs():
+    offenders = []
+    for name, path in MODULES.items():
+        if name in LAUNCH_FLOORS:
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and n.module and n.module.startswith("tools") for a in n.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name):
+                module = aliases.get(node.func.value.id, node.func.value.id)
+                if (module, node.func.attr) in STARTS_A_RUN:
+                    offenders.append(f"{name}.py:{node.lineno} {module}.{node.func.attr}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "Runner":
+                offenders.append(f"{name}.py:{node.lineno} Runner")
+    assert offenders == []

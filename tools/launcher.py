@@ -1,0 +1,157 @@
+"""How a run is launched, decided in one place.
+
+A ``Run`` describes one run: the program (a workspace repro, a user's script, any command), the
+interpreter of its environment, its variables and folder, its time limit, the signature that
+makes it bad, where its logs go, and what it is (one of the workspace's repros may be a fork of a
+preloaded runner; how it runs on several nodes). A ``Launcher`` is made once from the options
+(``How``: a fresh interpreter for every run or forks of a preloaded runner, N torchrun nodes on
+this machine or ``srun`` inside a SLURM allocation, a SLURM job per run) and turns every
+``Run`` into one ``harness.RunResult``, judged by the contract. Callers (the matrix cells, the
+bisect, the minimizer, the patch validation) describe runs; none of them knows how another
+launches one.
+
+The floors below it, each knowing nothing of the ones above: ``harness`` (one process group
+under a limit, judged), ``preloaded`` (forks of one import), ``nodes`` (torchrun nodes),
+``slurm_jobs`` (a SLURM job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools import contract, harness, nodes, slurm_jobs
+from tools.preloaded import Runner
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run. ``argv`` is the program and its arguments: a Python script run by ``python``
+    (``kind="python"``), or a command run as it is (``kind="exec"``: a ``#!`` script, ``pytest``,
+    anything), with ``python``'s ``bin`` first on ``PATH`` either way."""
+
+    argv: tuple[str, ...]
+    python: Path | None = None
+    kind: str = "python"
+    env: dict = field(default_factory=dict)  # on top of this process's environment
+    cwd: Path | None = None
+    timeout: float = 600.0
+    signature: str | None = None  # bad when the output shows it (a script without a verdict line)
+    log_stem: Path | None = None
+    own: bool = False  # one of the workspace's repros: it may run as a fork of a preloaded runner
+    code: str = ""  # what the preloaded imports stand for (a bisect candidate): another is a new runner
+    multinode: str | None = "torchrun"  # on several nodes: "torchrun" starts it on each node,
+    # "self" gives it --nodes N --ranks-per-node R (it launches its own), None: one node only
+    peer_grace: float = 30.0
+
+    def command(self) -> list[str]:
+        if self.kind == "python":
+            return [str(self.python or sys.executable), *self.argv]
+        return list(self.argv)
+
+    def environment(self) -> dict:
+        env = {**os.environ, **self.env}
+        return harness.env_for(self.python, env) if self.python else env
+
+
+@dataclass(frozen=True)
+class How:
+    """How runs are launched, from the options, once."""
+
+    fresh: bool = False  # a new interpreter for every run (else own repros fork from a runner)
+    nodes: int = 1
+    ranks_per_node: int = 1
+    slurm: slurm_jobs.Options | None = None  # each run one SLURM job (sbatch --wait)
+    allocation: dict | None = None  # inside a SLURM job of several nodes: srun launches them
+    runner_stderr: Path | None = None  # where a preloaded runner's own messages go
+
+    @property
+    def label(self) -> str:
+        """What the results call it (a cell's ``launch``)."""
+        if self.slurm is not None:
+            return "slurm job per run"
+        where = f", {self.nodes} nodes x {self.ranks_per_node} ranks" if self.nodes > 1 else ""
+        return ("fresh-process" if self.fresh or self.nodes > 1 else "preloaded") + where
+
+
+class Launcher:
+    """Turns ``Run``s into results as ``How`` says. Keeps one preloaded runner at a time (the one
+    of the environment and variables of the last own repro): a run of another environment
+    replaces it. Close it (or use it as a context manager) to stop the runner."""
+
+    def __init__(self, how: How = How(), log=print):
+        self.how, self.log = how, log
+        self.runner: Runner | None = None
+        self.runner_key: str | None = None
+        self.forked: bool | None = None  # did the last preloaded run fork (False: the preload failed)
+
+    def run(self, run: Run) -> harness.RunResult:
+        how = self.how
+        if how.slurm is not None:
+            return slurm_jobs.run(run.command(), timeout=run.timeout, log_stem=run.log_stem,
+                                  signature=run.signature, env=run.environment(), opts=how.slurm)
+        if how.nodes > 1:
+            return self._nodes(run)
+        if run.own and not how.fresh and run.kind == "python" and run.python:
+            return self._preloaded(run)
+        return harness.run(run.command(), timeout=run.timeout, log_stem=run.log_stem,
+                           env=run.environment(), cwd=run.cwd, signature=run.signature,
+                           peer_grace=run.peer_grace)
+
+    def _preloaded(self, run: Run) -> harness.RunResult:
+        key = f"{run.python}|{run.code}|{json.dumps(run.env, sort_keys=True)}"
+        if key != self.runner_key:
+            self.close()
+            stderr = self.how.runner_stderr
+            if stderr:
+                stderr.parent.mkdir(parents=True, exist_ok=True)
+            self.runner, self.runner_key = Runner(run.python, env=run.environment(), stderr=stderr), key
+        job = {"argv": list(run.argv), "timeout": run.timeout, "signature": run.signature,
+               "log_stem": str(run.log_stem) if run.log_stem else None}
+        if run.cwd:
+            job["cwd"] = str(run.cwd)
+        result = self.runner.run(job)
+        self.forked = self.runner.forked
+        return result
+
+    def _nodes(self, run: Run) -> harness.RunResult:
+        how, argv = self.how, list(run.argv)
+        if run.multinode == "self":
+            argv += ["--nodes", str(how.nodes), "--ranks-per-node", str(how.ranks_per_node)]
+            return harness.run(Run(tuple(argv), run.python, run.kind).command(), timeout=run.timeout,
+                               log_stem=run.log_stem, env=run.environment(), cwd=run.cwd,
+                               signature=run.signature)
+        if run.multinode != "torchrun" or run.kind != "python":
+            return harness.RunResult(contract.SKIP, "skip", "runs on one node only (no multinode in "
+                                     "repro/matrix.toml)", 0.0, None)
+        if run.own:
+            argv += ["--num-nodes", str(how.nodes), "--devices", str(how.ranks_per_node)]
+        python = str(run.python or sys.executable)
+        if how.allocation:  # inside a SLURM job of several nodes: srun starts the ranks
+            srun = ["srun", f"--nodes={how.nodes}", f"--ntasks-per-node={how.ranks_per_node}",
+                    "--kill-on-bad-exit=1", python, *argv]
+            res = harness.run(srun, timeout=run.timeout, log_stem=run.log_stem, signature=run.signature,
+                              env={**run.environment(), **how.allocation}, cwd=run.cwd)
+            if res.returncode is not None and res.returncode >= 0:  # srun merges its tasks
+                text, err = (Path(p).read_text(errors="replace") for p in (res.stdout_path, res.stderr_path))
+                j = nodes.judge_merged(res.returncode, text, err, run.signature)
+                res.code, res.verdict, res.reason = j.code, contract.name(j.code), j.reason
+                res.record = j.record
+            return res
+        return nodes.run_job([python, *argv], nodes=how.nodes, per_node=how.ranks_per_node,
+                             timeout=run.timeout, log_stem=run.log_stem, signature=run.signature,
+                             env=run.environment(), progress=self.log)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+        self.runner, self.runner_key = None, None
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
