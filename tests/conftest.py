@@ -23,8 +23,13 @@ def load_repro(name: str):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Integration tests run real two-rank jobs: keep them last and one at a time.
+    # Integration tests run real two-rank jobs: keep them last and one at a time. With pytest-xdist
+    # (`nox -s tests` runs two workers) they all go to one worker, in this order, while the other
+    # worker takes the single-process tests.
     items.sort(key=lambda item: item.get_closest_marker("ddp") is not None)
+    for item in items:
+        if item.get_closest_marker("ddp") or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("one-multi-process-job-at-a-time"))
 
 
 @pytest.fixture

@@ -77,6 +77,11 @@ def test_a_shared_dependency_takes_the_earliest_day_torch_accepts(monkeypatch, t
     assert len(calls) <= 2 + 6  # a bisection of the 28 days, not a walk
     again = len(calls)
     assert envs.install_plan("pytorch-lightning", "2.4.0", "2.4.1") == plan and len(calls) == again
+    # another release with the same torch starts from the day found: two compiles, not a dozen
+    monkeypatch.setattr(index, "release", lambda name, version: fake_release(
+        {"pytorch-lightning": "2024-08-01", "torch": "2024-09-04"}[name]))
+    other = envs.install_plan("pytorch-lightning", "2.3.3", "2.4.1")
+    assert other.shared == {"typing-extensions": "2024-08-20"} and len(calls) - again <= 2 + 2
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")

@@ -16,6 +16,7 @@ Lightning from source on every run (about 2.7x slower to import).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -83,7 +84,7 @@ def torch_closure(torch_version: str, earliest: datetime) -> tuple[list[str], st
     names = sorted({Requirement(line.split(";")[0].strip()).name
                     for line in proc.stdout.splitlines() if line.strip() and not line.startswith("#")})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps({"names": names, "cutoff": cutoff}))
     os.replace(tmp, path)
     return names, cutoff
@@ -121,6 +122,15 @@ def ensure(name: str, args: list[str], python: str = "3.11", log=None) -> Path:
     if marker.exists() and marker.read_text() == digest:
         return folder / "bin" / "python"
     folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(ENVS / f".{name}.lock", "a") as lock:  # another process making the same one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and marker.read_text() == digest:
+            return folder / "bin" / "python"
+        return _make(name, folder, args, digest, python, log)
+
+
+def _make(name: str, folder: Path, args: list[str], digest: str, python: str, log) -> Path:
+    marker = folder / ".made-with"
     if log:
         log(f"  [env] making {name} (a torch not yet in uv's cache is downloaded first)")
     steps = [[index.uv(), "venv", "--quiet", "--clear", "--python", python, str(folder)],
@@ -200,6 +210,26 @@ def _days(start: str, end: str) -> list[str]:
     return [(first + timedelta(days=n)).date().isoformat() for n in range((last - first).days + 1)]
 
 
+def _earliest_seen(torch_version: str, name: str) -> str | None:
+    path = CACHE / f"earliest-torch{torch_version}.json"
+    try:
+        return json.loads(path.read_text()).get(name)
+    except (OSError, ValueError):
+        return None
+
+
+def _remember_earliest(torch_version: str, name: str, day: str) -> None:
+    path = CACHE / f"earliest-torch{torch_version}.json"
+    try:
+        known = json.loads(path.read_text()) if path.exists() else {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({**known, name: day}))
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # only a shortcut for the next plan
+
+
 def plan(requirements: list[str], torch_version: str, moment: datetime) -> Plan:
     """The ``uv pip install`` plan for ``requirements`` as of ``moment`` with ``torch==T``.
 
@@ -240,6 +270,15 @@ def plan(requirements: list[str], torch_version: str, moment: datetime) -> Plan:
         for name in shared:  # the earliest day each one resolves, the others as found so far
             days = _days(era, torch_era)
             lo, hi = 0, len(days) - 1  # days[hi] resolves (torch's own date)
+            known = _earliest_seen(torch_version, name)  # what it was for another release
+            if known in days:  # usually torch's own lower bound: two compiles instead of a dozen
+                at = days.index(known)
+                if _compile(args_with({**dates, name: known})).returncode == 0:
+                    hi = at
+                    if at and _compile(args_with({**dates, name: days[at - 1]})).returncode:
+                        lo = at
+                else:
+                    lo = at + 1
             while lo < hi:
                 mid = (lo + hi) // 2
                 if _compile(args_with({**dates, name: days[mid]})).returncode == 0:
@@ -247,6 +286,7 @@ def plan(requirements: list[str], torch_version: str, moment: datetime) -> Plan:
                 else:
                     lo = mid + 1
             dates[name] = days[hi]
+            _remember_earliest(torch_version, name, days[hi])
     found = Plan(args_with(dates), era, torch_era, sorted(set(closure) - set(shared) - {"torch"}),
                  dates)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,7 @@ def _project_json(name: str) -> dict:
             raise UnknownRelease(f"no project {name!r} on the package index") from None
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")  # two processes may fetch it at once
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
     return data
