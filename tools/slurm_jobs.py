@@ -2,7 +2,7 @@
 when its submitter is gone, and what SLURM says of a job (the matrix as a job array is
 ``tools/slurm_matrix.py``, above this floor).
 
-Plain ``sbatch`` / ``squeue`` / ``sacct`` / ``scancel`` (see README: why not submitit): the jobs
+Plain ``sbatch`` / ``squeue`` / ``sacct`` / ``scancel`` (see docs/cluster.md: why not submitit): the jobs
 run the workspace's own code on the cluster's shared filesystem, so there is nothing to pickle
 or ship, and the command lines are the ones a cluster's users already know.
 

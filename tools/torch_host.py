@@ -7,7 +7,7 @@ does ship is torch's distributed test machinery (``torch.testing._internal.commo
 So the added methods are taken from the patch (the ``+`` lines of each hunk that sit inside a
 class) and run in a stand-in of their class: a ``MultiProcessTestCase`` with two ranks and the one
 helper the gloo DDP tests use, ``_get_process_group`` (a ``FileStore`` gloo group). The test body
-is the patch's own, unchanged; what is not torch's own is the class around it, and the README says
+is the patch's own, unchanged; what is not torch's own is the class around it, and docs/patches.md says
 so.
 """
 
