@@ -23,13 +23,16 @@ def load_repro(name: str):
 
 
 def pytest_collection_modifyitems(config, items):
-    # Integration tests run real two-rank jobs: keep them last and one at a time. With pytest-xdist
-    # (`nox -s tests` runs two workers) they all go to one worker, in this order, while the other
-    # worker takes the single-process tests.
+    # Integration tests run real two-rank jobs: keep them last and one at a time.
     items.sort(key=lambda item: item.get_closest_marker("ddp") is not None)
-    for item in items:
-        if item.get_closest_marker("ddp") or item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("one-multi-process-job-at-a-time"))
+
+
+def pytest_itemcollected(item):
+    # With pytest-xdist (`nox -s tests` runs two workers) the multi-process tests all go to one
+    # worker, one after the other, while the other worker takes the single-process tests. (Marked
+    # as each test is collected: pytest-xdist reads the groups when the collection is modified.)
+    if item.get_closest_marker("ddp") or item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group("one-multi-process-job-at-a-time"))
 
 
 @pytest.fixture

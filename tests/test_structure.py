@@ -63,3 +63,32 @@ def test_only_the_launcher_and_its_floors_start_runs():
                     and node.func.id == "Runner":
                 offenders.append(f"{name}.py:{node.lineno} Runner")
     assert offenders == []
+
+
+def test_the_multi_process_tests_run_one_at_a_time_under_two_workers(tmp_path):
+    # `nox -s tests` runs two pytest-xdist workers: every test marked ddp or slurm must go to the
+    # same one (tests/conftest.py puts them in one group; pytest 9 broke that silently)
+    import os
+    import subprocess
+    import sys
+
+    own = str(TOOLS.parent / "tests" / "conftest.py")
+    (tmp_path / "conftest.py").write_text(  # the workspace's own hooks, loaded under another name
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('ws_conftest', {own!r})\n"
+        "ws = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(ws)\n"
+        "pytest_itemcollected = ws.pytest_itemcollected\n"
+        "pytest_collection_modifyitems = ws.pytest_collection_modifyitems\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    ddp: x\n    slurm: x\n")
+    (tmp_path / "test_jobs.py").write_text(
+        "import os, pathlib, pytest\n"
+        "@pytest.mark.ddp\n@pytest.mark.parametrize('i', range(4))\n"
+        "def test_job(i, tmp_path_factory):\n"
+        f"    pathlib.Path({str(tmp_path)!r}, f'job{{i}}').write_text(os.environ['PYTEST_XDIST_WORKER'])\n"
+        "@pytest.mark.parametrize('i', range(4))\ndef test_other(i):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+                           "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    workers = {(tmp_path / f"job{i}").read_text() for i in range(4)}
+    assert len(workers) == 1, workers
