@@ -361,7 +361,8 @@ def corpus_table(records: list[Record]) -> list[str]:
         if any(int(n) for n in untestable):
             notes.append(f"{sum(int(n) for n in untestable)} untestable (said)")
         lines.append(f"| {case_name} | {mode} | {rel.get('last_good')} -> {rel.get('first_bad')} | {named} | "
-                     f"{'yes' if right else '**no**'} | {ran(rel)} + {ran(com)} | {seconds or '?'} | "
+                     f"{'yes' if right else '**no**'} | {ran(rel)} + {ran(com)} | "
+                     f"{f'{float(seconds):.0f}' if seconds else '?'} | "
                      f"{', '.join(notes)} |")
     found = sum("| yes |" in line for line in lines)
     lines += ["", f"{found} of {len(records)} runs named the culprit.", ""]
