@@ -497,7 +497,7 @@ def test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused(tmp_path):
     script = FIXTURES / "two_stage_anchor.py"
     out = tmp_path / "out"
     args = [str(script), "--signature", SIGNATURE, "--python", sys.executable, "--out", str(out),
-            "--budget", "1.5", "--confirm", "1"]
+            "--budget", "0.75", "--confirm", "1"]
     proc = run(args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = (out / "report.md").read_text()

@@ -193,15 +193,20 @@ def run_matrix(out: Path, opts: Options, script: str | None, log=print) -> str:
             if job is None:  # interrupted while sbatch ran: cancel what it may have submitted
                 _slurm(["scancel", "--name=repro-matrix", f"--user={getpass.getuser()}"], check=False)
                 raise
-            why = str(exc) if isinstance(exc, Outage) else "interrupted"
-            cancel = _slurm(["scancel", job], check=False)
-            log(f"[slurm] cancelled job {job}" if cancel.returncode == 0 else
-                f"[slurm] could not cancel job {job} ({cancel.stderr.strip()[-120:]}): its tasks end "
-                f"themselves within {STALE:g} s of this run's end")
-            try:  # bounded: what the controller says within half a minute
-                ended = wait(job, tasks, out, lambda _m: None, poll=1.0, outage=15, limit=30)
-            except Outage:
-                pass
+            outage = isinstance(exc, Outage)
+            why = str(exc) if outage else "interrupted"
+            cancel = None if outage else _slurm(["scancel", job], check=False)
+            if cancel is not None and cancel.returncode == 0:
+                log(f"[slurm] cancelled job {job}")
+            else:  # no controller to ask: the guard of each task ends it once this run has gone
+                log(f"[slurm] could not cancel job {job} "
+                    f"({'the controller is not answering' if outage else cancel.stderr.strip()[-120:]}): "
+                    f"its tasks end themselves within {STALE:g} s of this run's end")
+            if not outage:
+                try:  # bounded: what the controller says within half a minute
+                    ended = wait(job, tasks, out, lambda _m: None, poll=1.0, outage=15, limit=30)
+                except Outage:
+                    pass
             collect(out, job, tasks, ended, why)
             log(cells.write_summary(out, matrix.load(), script))
             raise
