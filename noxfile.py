@@ -45,7 +45,8 @@ def _repro(session: nox.Session, cell: matrix.Cell) -> None:
     cells.run_cell(cell, MATRIX, str(Path(session.bin) / "python"), out, repro_args,
                    opts.timeout, log=session.log, script=opts.script, signature=opts.signature,
                    fresh_process=opts.fresh_process, verdict_line=opts.verdict_line,
-                   nodes=opts.nodes, ranks_per_node=opts.ranks_per_node)
+                   nodes=opts.nodes, ranks_per_node=opts.ranks_per_node,
+                   check_replicas=opts.check_replicas)
     if cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")

@@ -69,6 +69,7 @@ class Config:
     fresh_process: bool
     slurm: object = None  # slurm_jobs.Options with --executor slurm: each run is one SLURM job
     extra: tuple[str, ...] = ()  # --with: what the repro needs besides Lightning and torch
+    check_replicas: str | None = None  # --check-replicas: the replica check's interval
 
     @property
     def repro_text(self) -> str:
@@ -132,6 +133,7 @@ def parse_args(argv) -> Config:
                    help="a package the repro needs besides Lightning and torch (repeatable), "
                         "installed in every candidate's environment as of that candidate's date, "
                         "e.g. --with 'jsonargparse[signatures]'")
+    contract.add_check_replicas(p)
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
@@ -145,10 +147,10 @@ def parse_args(argv) -> Config:
     run_as = harness.how_to_run(repro, "--repro", args.repro)
     own = own_repro(repro)
     verdict_line = own is not None and own.verdict_line or args.verdict_line
-    if not (verdict_line or args.signature):
+    if not (verdict_line or args.signature or args.check_replicas):
         raise BadInput(f"--repro {args.repro} prints no verdict line: give --signature REGEX (what "
-                       "its output shows when the bug is there), or --verdict-line if it prints "
-                       "the contract's verdict line")
+                       "its output shows when the bug is there), --check-replicas for a silent "
+                       "divergence, or --verdict-line if it prints the contract's verdict line")
     contract.check_signature(args.signature)
     trials = contract.check_trials(args.trials)
     if args.timeout <= 0:
@@ -168,7 +170,8 @@ def parse_args(argv) -> Config:
     return Config(args.tier, args.axis, args.package, args.good, args.bad, args.oldest, args.torch,
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
-                  Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra))
+                  Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
+                  args.check_replicas)
 
 
 # -- predicates ----------------------------------------------------------------------------
@@ -204,7 +207,8 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
     if LAUNCHER is None:
         LAUNCHER = launcher_for(cfg, out)
     r = LAUNCHER.run(Run(tuple(argv), python, kind=cfg.run_as, env=extra_env or {}, timeout=cfg.timeout,
-                         signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate))
+                         signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate,
+                         check_replicas=cfg.check_replicas))
     reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
     if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
         reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"
@@ -271,7 +275,8 @@ def release_key(cfg: Config, candidate: str) -> str:
 def signature_key(cfg: Config) -> str:
     """The rest of a verdict's key: the signature, and what ``--with`` adds to the environments."""
     return ((f"|signature={cfg.signature}" if cfg.signature else "")
-            + (f"|with={','.join(cfg.extra)}" if cfg.extra else ""))
+            + (f"|with={','.join(cfg.extra)}" if cfg.extra else "")
+            + (f"|check-replicas={cfg.check_replicas}" if cfg.check_replicas else ""))
 
 
 # -- tiers ---------------------------------------------------------------------------------
@@ -495,6 +500,8 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
     torch = commit["torch"] if commit else cfg.torch
     lines += ["", f"Repro: `{cfg.repro_text}`" +
               (f", bad when the output matches `/{cfg.signature}/`" if cfg.signature else "") +
+              (f", replicas checked (`--check-replicas={cfg.check_replicas}`: bad when they "
+               "diverge)" if cfg.check_replicas else "") +
               "; trials per step: " + "; ".join(trials_text(t["bisector"]) for t in
                                                 filter(None, [release, commit])),
               f"Python {platform.python_version()}, "

@@ -26,6 +26,7 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--signature", help="regex the --script output must show to count as bad")
     p.add_argument("--verdict-line", action="store_true",
                    help="the --script prints the contract's verdict line (then no --signature needed)")
+    contract.add_check_replicas(p)
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every repro run (default: the cell's repros are "
                         "forks of one process that imported torch and Lightning once)")
@@ -53,9 +54,12 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
             harness.how_to_run(Path(opts.script), "--script", opts.script)
         except contract.BadInput as err:
             p.error(str(err))
-        if not (opts.signature or opts.verdict_line):
+        if not (opts.signature or opts.verdict_line or opts.check_replicas):
             p.error("--script needs --signature REGEX (what its output shows when the bug is there), "
-                    "or --verdict-line if it prints the contract's verdict line")
+                    "--check-replicas for a silent divergence, or --verdict-line if it prints the "
+                    "contract's verdict line")
+    elif opts.check_replicas:
+        p.error("--check-replicas goes with --script (the workspace's repros check themselves)")
     try:
         contract.check_signature(opts.signature)
     except contract.BadInput as err:
@@ -140,7 +144,8 @@ def repros_of(matrix: Matrix, script: str | None, verdict_line: bool = False) ->
 def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: list[str],
              timeout: float, log=print, script: str | None = None, signature: str | None = None,
              fresh_process: bool = False, verdict_line: bool = False, nodes: int = 1,
-             ranks_per_node: int = 1, allocation: dict | None = None) -> dict:
+             ranks_per_node: int = 1, allocation: dict | None = None,
+             check_replicas: str | None = None) -> dict:
     """Run every repro of the matrix (and ``script``) in the cell's environment ``python``.
 
     The matrix's own repros share one preloaded runner (``tools/preloaded.py``: torch and
@@ -151,7 +156,8 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
     runs on one node only and is recorded as not run); inside a SLURM job of several nodes
     (``allocation``: the job's ``SLURM_*`` variables) ``srun`` launches the ``torchrun`` ones
     instead, and Lightning takes the ranks from its SLURM environment (``self`` ones still start
-    their nodes on the job's first node). Results are written after every repro.
+    their nodes on the job's first node). ``check_replicas`` injects the replica check into the
+    script. Results are written after every repro.
     """
     started = time.monotonic()
     logs = out / "logs" / cell.id
@@ -170,7 +176,8 @@ def run_cell(cell: Cell, matrix: Matrix, python: str, out: Path, repro_args: lis
             (str(ROOT / repro.script), *args, *(repro_args if repro.passthrough else [])), Path(python),
             kind=harness.how_to_run(Path(script), "--script") if yours else "python",
             timeout=timeout, log_stem=logs / repro.name, signature=None if repro.preload else signature,
-            own=repro.preload, multinode="torchrun" if yours else repro.multinode)))
+            own=repro.preload, multinode="torchrun" if yours else repro.multinode,
+            check_replicas=check_replicas if yours else None)))
     runs.sort(key=lambda item: not item[1].own)  # the own repros first: they share one runner
 
     def record(name: str, res: harness.RunResult) -> None:

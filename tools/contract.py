@@ -107,6 +107,50 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
     return verdict(SKIP, f"unrelated exit code {rc}: {_tail(stderr)}")
 
 
+# -- the replica check (tools/inject/workspace_replicas.py prints it, --check-replicas) ---------
+
+REPLICAS_SIGNATURE = r"replicas diverged at step \d+"
+NEVER_CHECKED = ("the replica check never ran: no DistributedDataParallel model of several ranks "
+                 "reached a check (it needs Lightning >= 1.7 or torch >= 2.0)")
+
+
+def judge_replicas(code: int, reason: str | None, report: dict | None) -> tuple[int, str | None]:
+    """A run's verdict under ``--check-replicas``, from its own verdict and the check's report
+    (None: the check never wrote one). Never a pass without a check that compared replicas; a
+    divergence the check found is bad even if the script carried on."""
+    if report and report.get("diverged"):
+        return BAD, report["diverged"]
+    if code != GOOD:
+        return code, reason
+    if not report or not report.get("checks"):
+        why = (report or {}).get("why")
+        return SKIP, f"the replica check never ran: {why}" if why else NEVER_CHECKED
+    at = f"step {report.get('step')}"
+    if report.get("epoch") is not None:
+        at += f", epoch {report['epoch']}"
+    return GOOD, (f"replicas agree: {report['checks']} checks of {report.get('world')} ranks "
+                  f"({report.get('mechanism')}), the last at {at}")
+
+
+def check_every(text: str) -> str:
+    """A ``--check-replicas`` value: ``epoch`` or a number of steps >= 1."""
+    import argparse
+
+    if text == "epoch" or (text.isdigit() and int(text) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"takes 'epoch' or a number of steps >= 1, not {text!r}")
+
+
+def add_check_replicas(parser) -> None:
+    """The ``--check-replicas[=EVERY]`` option, alike in every program that runs a user's script."""
+    parser.add_argument(
+        "--check-replicas", nargs="?", const="epoch", default=None, type=check_every, metavar="EVERY",
+        help="inject the replica check into the script (unmodified): bad when DDP replicas diverge "
+             "(the line 'replicas diverged at step N ...'); EVERY: 'epoch' (default: every epoch "
+             "end and the last step) or a number of training steps; a run where it never compared "
+             "replicas is 'cannot test', never good")
+
+
 def _tail(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1][:200]
 

@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tools import contract, harness, nodes, slurm_jobs
 from tools.preloaded import Runner
+
+INJECT = Path(__file__).resolve().parent / "inject"  # put on a run's PYTHONPATH, never imported
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Run:
     multinode: str | None = "torchrun"  # on several nodes: "torchrun" starts it on each node,
     # "self" gives it --nodes N --ranks-per-node R (it launches its own), None: one node only
     peer_grace: float = 30.0
+    check_replicas: str | None = None  # "epoch" or N: the replica check injected (inject/)
 
     def command(self) -> list[str]:
         if self.kind == "python":
@@ -89,6 +93,8 @@ class Launcher:
         self.forked: bool | None = None  # did the last preloaded run fork (False: the preload failed)
 
     def run(self, run: Run) -> harness.RunResult:
+        if run.check_replicas:
+            return self._checked(run)
         how = self.how
         if how.slurm is not None:
             return slurm_jobs.run(run.command(), timeout=run.timeout, log_stem=run.log_stem,
@@ -144,6 +150,28 @@ class Launcher:
         return nodes.run_job([python, *argv], nodes=how.nodes, per_node=how.ranks_per_node,
                              timeout=run.timeout, log_stem=run.log_stem, signature=run.signature,
                              env=run.environment(), progress=self.log)
+
+    def _checked(self, run: Run) -> harness.RunResult:
+        """``run`` with the replica check on its path (a fresh interpreter: the check hooks into
+        torch as it is imported), judged with what the check reported."""
+        with tempfile.TemporaryDirectory(prefix="replicas-") as tmp:
+            report = Path(tmp) / "report.json"
+            paths = (run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH") or "").split(os.pathsep)
+            pythonpath = os.pathsep.join([str(INJECT), *(p for p in paths if p and p != str(INJECT))])
+            env = {**run.env, "PYTHONPATH": pythonpath, "WORKSPACE_CHECK_REPLICAS": run.check_replicas,
+                   "WORKSPACE_CHECK_REPLICAS_REPORT": str(report)}
+            signature = contract.REPLICAS_SIGNATURE
+            if run.signature:
+                signature = f"(?:{run.signature})|(?:{signature})"
+            result = self.run(replace(run, env=env, signature=signature, own=False, check_replicas=None))
+            try:
+                said = json.loads(report.read_text())
+            except (OSError, ValueError):
+                said = None
+        code, reason = contract.judge_replicas(result.code, result.reason, said)
+        if (code, reason) != (result.code, result.reason):
+            result.code, result.verdict, result.reason, result.final = code, contract.name(code), reason, True
+        return result
 
     def close(self) -> None:
         if self.runner is not None:

@@ -128,6 +128,7 @@ class Config:
     timeout: float
     fresh_process: bool
     confirm: int
+    check_replicas: str | None = None  # the replica check injected: bad when replicas diverge
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -140,6 +141,7 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--signature", help="regex its output shows when the bug is there")
     p.add_argument("--verdict-line", action="store_true",
                    help="the script prints the contract's verdict line (then no --signature)")
+    contract.add_check_replicas(p)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL})")
     where.add_argument("--python", help="run it with this interpreter (its environment as it is)")
@@ -166,9 +168,10 @@ def parse_args(argv: list[str]) -> Config:
         raise BadInput(f"{a.script}: {'a directory, not a script' if script.is_dir() else 'not found'}")
     if script.suffix != ".py":
         raise BadInput(f"{a.script}: not a .py file (the reducer works on Python source)")
-    if not (a.signature or a.verdict_line):
+    if not (a.signature or a.verdict_line or a.check_replicas):
         raise BadInput(f"{a.script}: give --signature REGEX (what its output shows when the bug is "
-                       "there), or --verdict-line if it prints the contract's verdict line")
+                       "there), --check-replicas for a silent divergence, or --verdict-line if it "
+                       "prints the contract's verdict line")
     contract.check_signature(a.signature)
     trials = contract.check_trials(a.trials)
     for name in ("budget", "timeout"):
@@ -179,7 +182,7 @@ def parse_args(argv: list[str]) -> Config:
     python, where_ = interpreter(a.python, a.cell)
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
-                  out, a.timeout, a.fresh_process, a.confirm)
+                  out, a.timeout, a.fresh_process, a.confirm, a.check_replicas)
 
 
 def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
@@ -559,7 +562,7 @@ class Oracle:
     def key(self, files: dict[str, str | None]) -> str:
         payload = json.dumps([sorted(files.items()), self.cfg.signature, self.cfg.verdict_line,
                               str(self.cfg.python), list(self.cfg.args), self.trials, self.site,
-                              self.cfg.fresh_process, self.timeout])
+                              self.cfg.fresh_process, self.timeout, self.cfg.check_replicas])
         return hashlib.sha256(payload.encode()).hexdigest()
 
     # one launch
@@ -586,7 +589,8 @@ class Oracle:
         signature = None if self.cfg.verdict_line else self.cfg.signature
         try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
             r = self.launcher.run(Run(tuple(argv), self.cfg.python, cwd=work, timeout=self.timeout,
-                                      signature=signature, log_stem=log_stem, own=not fresh))
+                                      signature=signature, log_stem=log_stem, own=not fresh,
+                                      check_replicas=self.cfg.check_replicas))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         output = "".join(Path(p).read_text(errors="replace")
@@ -1089,7 +1093,8 @@ def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[st
     removed = [n for n, src in final.items() if src is None]
     return f"""# Minimized: {cfg.script.name}
 
-Signature: {f'`/{cfg.signature}/`' if cfg.signature else 'the verdict line'}{
+Signature: {f'`/{cfg.signature}/`' if cfg.signature else
+             'replicas diverge (`--check-replicas`)' if cfg.check_replicas else 'the verdict line'}{
     f", raised as `{oracle.site[0]}` in `{oracle.site[1]}` (`{oracle.site[2]}`)" if oracle.site else ''}
 Versions: {', '.join(f'{k} {v}' for k, v in vers.items())} ({cfg.where})
 
@@ -1120,7 +1125,8 @@ Run it: `python {'minimized.py' if len(original) == 1 else f'minimized/{cfg.scri
 def minimize(cfg: Config, log=print) -> int:
     started = time.monotonic()
     original = project_files(cfg.script)
-    where = prints_signature_itself(original, cfg.signature)
+    where = prints_signature_itself(original, cfg.signature) or (
+        cfg.check_replicas and prints_signature_itself(original, contract.REPLICAS_SIGNATURE))
     if (where or cfg.verdict_line) and not any(kept_statements(s) for s in original.values()):
         raise BadInput(f"{cfg.script.name} could print the signature itself "
                        f"({where or 'it prints the verdict line'}): mark the code that decides it "

@@ -1,13 +1,15 @@
 """Run any repro once through the harness and exit with its contract verdict.
 
-    python -m tools.run [--timeout S] [--signature REGEX] [--log STEM] -- python my_repro.py ...
+    python -m tools.run [--timeout S] [--signature REGEX] [--log STEM] [--check-replicas[=EVERY]] \
+        -- python my_repro.py ...
 
 Made for ``git bisect run``: exit 0 good, 1 bad, 125 cannot test, and >= 128 for anything that
 is not a verdict (bad options 129, the harness or the repro failed 128, interrupted 130), so a
 problem of the harness is never read as "bad". For a user's own script (for instance the
 original reporter's, unmodified) exit 1 counts as bad only when the output matches
-``--signature``; a script that prints the contract's verdict line needs none. Prints one JSON
-line with the result.
+``--signature``; a script that prints the contract's verdict line needs none. With
+``--check-replicas`` the workspace's replica check is injected (bad when DDP replicas diverge).
+Prints one JSON line with the result.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=contract.seconds, default=600.0)
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")
+    contract.add_check_replicas(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -45,7 +48,8 @@ def main(argv=None) -> int:
         except OSError as err:
             raise contract.BadInput(f"--log {args.log}: cannot write there ({err.strerror})") from None
     result = Launcher().run(Run(tuple(cmd), kind="exec", timeout=args.timeout,
-                                log_stem=Path(args.log) if args.log else None, signature=args.signature))
+                                log_stem=Path(args.log) if args.log else None, signature=args.signature,
+                                check_replicas=args.check_replicas))
     print(json.dumps(result.to_dict(), default=str))
     return result.code
 

@@ -238,7 +238,8 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
     name = f"bisect-step-{os.getpid()}-{time.time_ns()}"
     script = Path(f"{stem}.sh")
     exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
-                      if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith("REPRO_"))
+                      if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS")
+                      or k.startswith(("REPRO_", "WORKSPACE_")))
     scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
     guarded = [sys.executable, *guard_command(Path(f"{stem}.heartbeat")), *cmd]
     results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"

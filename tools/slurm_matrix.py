@@ -43,7 +43,7 @@ def add_cell(cell, python: str, out: Path, opts: argparse.Namespace, repro_args:
                    "repro_args": repro_args, "timeout": opts.timeout, "script": opts.script,
                    "signature": opts.signature, "fresh_process": opts.fresh_process,
                    "verdict_line": opts.verdict_line, "nodes": opts.nodes,
-                   "ranks_per_node": opts.ranks_per_node})
+                   "ranks_per_node": opts.ranks_per_node, "check_replicas": opts.check_replicas})
 
 
 
@@ -175,7 +175,8 @@ def run_task(tasks_file: Path, index: int) -> int:
                    fresh_process=task.get("fresh_process", False),
                    verdict_line=task.get("verdict_line", False),
                    nodes=task.get("nodes", 1), ranks_per_node=task.get("ranks_per_node", 1),
-                   allocation=allocation if task.get("nodes", 1) > 1 else None)
+                   allocation=allocation if task.get("nodes", 1) > 1 else None,
+                   check_replicas=task.get("check_replicas"))
     return 0
 
 

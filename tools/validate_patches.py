@@ -15,7 +15,7 @@ must still pass (``upstream_tests.py``); its new multi-process tests must pass `
 types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``.
 
     nox -s patches [-- --patch NAME] [--cell ID] [--repeat K]
-                   [--script PATH (--signature REGEX | --verdict-line)]
+                   [--script PATH (--signature REGEX | --verdict-line | --check-replicas)]
 
 ``--script``: a user's own script, unmodified, in each cell the series targets (or ``--cell``)
 without any patch and with every patch that targets the cell: extra rows, as required when it is
@@ -474,16 +474,19 @@ class Script:
     signature: str | None
     cells: tuple[str, ...]  # the cells it runs in: every cell the series targets, or --cell
     kind: str = "python"  # how it runs (harness.how_to_run)
+    check_replicas: str | None = None  # the replica check injected (--check-replicas)
 
 
-def check_script(script: str, signature: str | None, verdict_line: bool) -> Path:
+def check_script(script: str, signature: str | None, verdict_line: bool,
+                 check_replicas: str | None = None) -> Path:
     """The rule of ``nox -s repro -- --script``: an existing file, judged by ``--signature`` (a
-    valid regex) unless it prints the contract's verdict line."""
+    valid regex) or the replica check, unless it prints the contract's verdict line."""
     path = Path(script)
     harness.how_to_run(path, "--script", script)  # the bisect's rule: a file that can be run
-    if not (signature or verdict_line):
+    if not (signature or verdict_line or check_replicas):
         raise contract.BadInput("--script needs --signature REGEX (what its output shows when the bug is "
-                                "there), or --verdict-line if it prints the contract's verdict line")
+                                "there), --check-replicas for a silent divergence, or --verdict-line "
+                                "if it prints the contract's verdict line")
     contract.check_signature(signature)
     return path.resolve()
 
@@ -511,7 +514,7 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
     return Launcher().run(Run((str(script.path),), python, kind=script.kind, log_stem=log_stem,
-                              signature=script.signature))
+                              signature=script.signature, check_replicas=script.check_replicas))
 
 
 class Parser(argparse.ArgumentParser):
@@ -529,13 +532,14 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--signature", help="regex the --script output shows when the bug is there")
     p.add_argument("--verdict-line", action="store_true",
                    help="the --script prints the contract's verdict line (then no --signature needed)")
+    contract.add_check_replicas(p)
     a = p.parse_args(argv)
     if a.repeat < 1:
         raise contract.BadInput("--repeat takes a number >= 1")
     if a.script:
-        a.script = check_script(a.script, a.signature, a.verdict_line)
-    elif a.signature or a.verdict_line:
-        raise contract.BadInput("--signature and --verdict-line go with --script")
+        a.script = check_script(a.script, a.signature, a.verdict_line, a.check_replicas)
+    elif a.signature or a.verdict_line or a.check_replicas:
+        raise contract.BadInput("--signature, --verdict-line and --check-replicas go with --script")
     return a
 
 
@@ -549,7 +553,7 @@ def main(argv=None) -> int:
                 targeted = {c for p in everything for c in p.cells}
                 script = Script(a.script, a.signature,
                                 tuple(c for c in cells if c in targeted and a.cell in (None, c)),
-                                harness.how_to_run(a.script, "--script"))
+                                harness.how_to_run(a.script, "--script"), a.check_replicas)
         except contract.BadInput as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

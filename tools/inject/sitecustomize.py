@@ -10,7 +10,11 @@ of Lightning is that checkout's code, whatever the environment has installed:
   ``lightning.fabric`` (one module object under two names, as the packages Lightning generates
   from one source are the same code): an installed ``pytorch_lightning`` wheel is never imported.
 
-Without the variable it does nothing. A ``sitecustomize`` the interpreter would otherwise have
+With ``WORKSPACE_CHECK_REPLICAS`` set, the replica check (``workspace_replicas``) hooks into
+torch as soon as the run imports it (Lightning finds its callback by itself, through the
+entry points next to this file).
+
+Without either variable it does nothing. A ``sitecustomize`` the interpreter would otherwise have
 found is run afterwards.
 """
 
@@ -68,9 +72,34 @@ class _LightningSource(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.__spec__ = own
 
 
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Runs ``workspace_replicas.install_torch`` right after ``import torch`` completes (torch is
+    not imported here: a run that never uses it pays nothing)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            import workspace_replicas
+
+            workspace_replicas.install_torch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def _install() -> None:
     if _SRC and os.path.isdir(os.path.join(_SRC, "lightning")):
         sys.meta_path.insert(0, _LightningSource(_SRC))
+    if os.environ.get("WORKSPACE_CHECK_REPLICAS"):
+        sys.meta_path.insert(0, _AfterTorch())
 
 
 def _chain() -> None:
