@@ -978,17 +978,18 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
     (["--script", "tests/fixtures/not_executable.sh", "--signature", "x"],
      "--script tests/fixtures/not_executable.sh has a #! line but is not executable (chmod +x)"),
     (["--script", "repro/backbone_finetuning_ddp.py"],
-     "--script needs --signature REGEX (what its output shows when the bug is there), or --verdict-line if "
-     "it prints the contract's verdict line"),
+     "--script needs --signature REGEX (what its output shows when the bug is there), --check-replicas for "
+     "a silent divergence, or --verdict-line if it prints the contract's verdict line"),
     (["--script", "repro/backbone_finetuning_ddp.py", "--signature", "("],
      "--signature '(' is not a valid regex: missing ), unterminated subpattern at position 0"),
-    (["--signature", "x"], "--signature and --verdict-line go with --script"),
+    (["--signature", "x"], "--signature, --verdict-line and --check-replicas go with --script"),
+    (["--check-replicas"], "--signature, --verdict-line and --check-replicas go with --script"),
     (["--script", "repro/backbone_finetuning_ddp.py", "--verdict-line", "--cell", "pl0_0_0_torch0_0_0"],
      "no patch of the series targets cell 'pl0_0_0_torch0_0_0'"),
     (["--repeat", "0"], "--repeat takes a number >= 1"),
     (["--repeat", "many"], "argument --repeat: invalid int value: 'many'"),
 ], ids=["missing", "directory", "plain-text", "not-executable", "no-signature", "bad-regex",
-        "signature-alone", "unknown-cell", "repeat-0", "repeat-nan"])
+        "signature-alone", "check-replicas-alone", "unknown-cell", "repeat-0", "repeat-nan"])
 def test_script_and_repeat_input_errors_are_one_line_and_exit_2_before_anything_is_made(
         tmp_path, monkeypatch, capsys, argv, message):
     from tools import validate_patches
@@ -1032,6 +1033,38 @@ def test_a_users_script_is_bad_without_the_series_and_good_with_it(tmp_path, mon
     assert row["on_top_of"] == [p.name for p in patches.series() if cell in p.cells]
     assert row["ok"] and code == 0
     assert f"| (your script) backbone_finetuning_ddp.py | {cell} |" in out
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_a_silent_divergence_in_a_users_script_is_bad_without_the_series_and_good_with_it(
+        tmp_path, monkeypatch, capsys):
+    """A user's script in the #20340 situation with no check of its own, judged by the replica
+    check (``--check-replicas``) in the unified ``lightning`` package's cell (its
+    ``lightning.pytorch.callbacks_factory`` entry point): diverged as released, in step with the
+    series."""
+    from tools import validate_patches
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
+    cell = "lightning2_6_6_torch2_13_0"
+    if not any(cell in p.cells for p in patches.series()):
+        pytest.skip(f"no patch of the series targets {cell}")
+    monkeypatch.setattr(validate_patches, "validate", lambda p, c, out, earlier, log=print, repeat=5: {
+        "patch": p.name, "cell": c.id, "on_top_of": [], "applies": "applies", "checkouts": "-",
+        "before": "bad", "after": "good", "after_detail": None, "series_still_fixed": {},
+        "upstream_tests": "-", "gates": {}, "ok": True})
+    script = ROOT / "tests" / "fixtures" / "replicas" / "finetune.py"
+    code = validate_patches.main(["--cell", cell, "--script", str(script), "--check-replicas"])
+    capsys.readouterr()
+    rows = json.loads(next(tmp_path.glob("patches/*/summary.json")).read_text())
+    (row,) = [r for r in rows if r["patch"].startswith("(your script)")]
+    assert row["before"] == "bad", row.get("before_detail") or row["applies"]
+    assert row["before_detail"].startswith("replicas diverged at step 12 (epoch 2): 4 of 8 parameters "
+                                           "differ: backbone.0.bias")
+    assert row["after"] == "good", row["after_detail"]
+    assert row["after_detail"].startswith("replicas agree: 4 checks of 2 ranks (Lightning callback)")
+    assert row["ok"] and code == 0
 
 
 def test_the_mirror_package_gets_its_own_module_names(tmp_path):

@@ -459,7 +459,8 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
         what = "torch" if cfg.axis == "torch" else cfg.package
         if o.status == "no-good":
             lines.append(f"**Bad in every {what} release tested — not a regression in this range** "
-                         f"(searched back from {o.first_bad} to {cfg.oldest}).")
+                         f"(searched back from {(o.ends.get('bad') or {}).get('candidate') or cfg.bad} "
+                         f"to {o.first_bad}, the oldest tested; --oldest {cfg.oldest}).")
         elif o.status == "found":
             lines.append(f"First bad {what} release: **{o.first_bad}** (last good: {o.last_good}).")
         elif o.status == "untestable":

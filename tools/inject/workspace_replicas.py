@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import weakref
 
 SIGNATURE = r"replicas diverged at step \d+"
@@ -55,6 +56,8 @@ class _State:
     last = None  # (step, epoch) of the last check
     mechanism = None
     why = None  # why nothing could be compared
+    diverged = None  # the line, once found
+    seconds = 0.0  # spent in the checks, this rank
 
 
 def every() -> int | None:
@@ -118,6 +121,15 @@ def check(named_parameters, *, step: int, epoch: int | None = None, ddp=None) ->
         _State.why = "one process: no replicas to compare"
         _write()
         return
+    started = time.perf_counter()
+    try:
+        _check(dist, named_parameters, step, epoch, ddp)
+    finally:
+        _State.seconds += time.perf_counter() - started
+        _write(_State.diverged)
+
+
+def _check(dist, named_parameters, step, epoch, ddp) -> None:
     pairs = [(_strip(n), p) for n, p in named_parameters]
     names, tensors = [n for n, _ in pairs], [p for _, p in pairs]
     mine = {
@@ -135,11 +147,10 @@ def check(named_parameters, *, step: int, epoch: int | None = None, ddp=None) ->
         if rank == 0:
             print(f"replicas agree at step {step}{_epoch(epoch)}: {len(names)} parameters",
                   file=sys.stderr, flush=True)
-        _write()
         return
     if rank == 0:
         print(line, file=sys.stderr, flush=True)
-    _write(line)
+    _State.diverged = line
     raise ReplicasDiverged(line if rank == 0 else f"rank {rank} stops: rank 0 found the replicas apart")
 
 
@@ -191,12 +202,13 @@ def _compare(everyone, tensors, dist, step, epoch) -> str | None:
 
 
 def _write(line: str | None = None) -> None:
+    line = line or _State.diverged
     dist = _world()
     if not REPORT or (dist is not None and dist.get_rank() != 0):
         return
     step, epoch = _State.last or (None, None)
     record = {"mechanism": _State.mechanism, "checks": _State.checks, "step": step, "epoch": epoch,
-              "diverged": line, "why": _State.why,
+              "diverged": line, "why": _State.why, "seconds": round(_State.seconds, 4),
               "world": dist.get_world_size() if dist is not None else 1}
     tmp = f"{REPORT}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
