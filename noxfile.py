@@ -111,6 +111,13 @@ def fingerprint(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def triage(session: nox.Session) -> None:
+    """From an issue (URL or saved file) to a triage comment backed by runs: `-- ISSUE`."""
+    install(session, *nox.project.dependency_groups(PYPROJECT, "minimize"))
+    sessions.run_tool(session, "tools.triage", session.posargs)
+
+
+@nox.session(python=PYTHON)
 def minimize(session: nox.Session) -> None:
     """Shrink a script to the smallest one still showing the bug: `-- SCRIPT --signature REGEX`."""
     install(session, *nox.project.dependency_groups(PYPROJECT, "minimize"))

@@ -9,6 +9,7 @@ stay together, through ``python -m tools.run``, as a user runs it.
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -163,11 +164,49 @@ def test_a_rank_that_freezes_a_layer_is_a_mask_mismatch(root):
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("args", [["--static-graph", "--norm", "batch"],
-                                  ["--find-unused", "--accumulate", "2"]],
-                         ids=["static-batchnorm", "find-unused-accumulate"])
+                                  ["--find-unused", "--accumulate", "2"],
+                                  # ZeroRedundancyOptimizer's step runs an inner one: one step counted
+                                  ["--zero", "--probe"]],
+                         ids=["static-batchnorm", "find-unused-accumulate", "zero-and-a-probe"])
 def test_healthy_torch_training_never_trips_it(root, args):
     r = check(root, "torch_ddp.py", *args, every="3")
     assert r["verdict"] == "good", r
     # steps 3 and 6, then the last one (8) when the script destroys its process group
     assert r["reason"] == ("replicas agree: 3 checks of 2 ranks (torch optimizer step hook), "
                            "the last at step 8"), r
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_failing_rank_that_destroys_its_group_in_a_finally_adds_no_collective(root):
+    """Rank 1 raises; both ranks call destroy_process_group in a ``finally``: the check stays out
+    of the failing rank's way (its peer is inside a collective of its own), so the run ends on
+    the failure instead of waiting for a time-out."""
+    r = check(root, "torch_ddp.py", "--fail", every="3", timeout=120)
+    assert r["verdict"] == "skip", r
+    assert "rank 1 fails on purpose" in r["reason"], r
+
+
+def test_asking_where_torch_is_does_not_use_the_hook_up(root):
+    """A package that calls importlib.util.find_spec("torch") before importing it (datasets and
+    transformers do) must not leave torch unhooked."""
+    code = ("import importlib.util; importlib.util.find_spec('torch'); import torch, "
+            "torch.optim.optimizer as o; print(len(o._global_optimizer_post_hooks))")
+    env = {**os.environ, "PYTHONPATH": str(INJECT), "WORKSPACE_CHECK_REPLICAS": "epoch"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "1"
+
+
+def test_reports_of_several_processes_merge_to_one_verdict():
+    merged = contract.merge_replica_reports([
+        {"checks": 0, "why": "one process: no replicas to compare", "rank": None},  # a helper process
+        {"checks": 2, "rank": 1, "diverged": None, "world": 2},
+        {"checks": 2, "rank": 0, "diverged": "replicas diverged at step 4: x", "world": 2},
+    ])
+    assert (merged["rank"], merged["checks"], merged["diverged"], merged["why"]) == (
+        0, 2, "replicas diverged at step 4: x", None)
+    assert contract.merge_replica_reports([]) is None
+    lone = contract.merge_replica_reports([{"checks": 0, "why": "w", "rank": None}])
+    assert contract.judge_replicas(contract.GOOD, None, lone) == (
+        contract.SKIP, "the replica check never ran: w")

@@ -70,6 +70,7 @@ class Config:
     slurm: object = None  # slurm_jobs.Options with --executor slurm: each run is one SLURM job
     extra: tuple[str, ...] = ()  # --with: what the repro needs besides Lightning and torch
     check_replicas: str | None = None  # --check-replicas: the replica check's interval
+    sandbox: bool = False  # --sandbox: untrusted code (a triaged issue's script)
 
     @property
     def repro_text(self) -> str:
@@ -134,6 +135,9 @@ def parse_args(argv) -> Config:
                         "installed in every candidate's environment as of that candidate's date, "
                         "e.g. --with 'jsonargparse[signatures]'")
     contract.add_check_replicas(p)
+    p.add_argument("--sandbox", action="store_true",
+                   help="run the repro in the launcher's sandbox (no network but loopback, a throwaway "
+                        "HOME, TMPDIR and folder): for untrusted code")
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
@@ -171,7 +175,7 @@ def parse_args(argv) -> Config:
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
-                  args.check_replicas)
+                  args.check_replicas, args.sandbox)
 
 
 # -- predicates ----------------------------------------------------------------------------
@@ -208,7 +212,7 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
         LAUNCHER = launcher_for(cfg, out)
     r = LAUNCHER.run(Run(tuple(argv), python, kind=cfg.run_as, env=extra_env or {}, timeout=cfg.timeout,
                          signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate,
-                         check_replicas=cfg.check_replicas))
+                         check_replicas=cfg.check_replicas, sandbox=cfg.sandbox))
     reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
     if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
         reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"

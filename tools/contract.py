@@ -114,6 +114,19 @@ NEVER_CHECKED = ("the replica check never ran: no DistributedDataParallel model 
                  "reached a check (it needs Lightning >= 1.7 or torch >= 2.0)")
 
 
+def merge_replica_reports(reports: list[dict]) -> dict | None:
+    """The check's reports of one run (one per process that checked) as one: a divergence any
+    rank saw, the checks of the processes that compared ranks, a reason why none could."""
+    if not reports:
+        return None
+    compared = [r for r in reports if r.get("checks")]
+    main = min(compared or reports, key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+    diverged = next((r["diverged"] for r in sorted(reports, key=lambda r: r.get("rank") or 0)
+                     if r.get("diverged")), None)
+    why = next((r["why"] for r in reports if r.get("why")), None)
+    return {**main, "diverged": diverged, "why": None if compared else why}
+
+
 def judge_replicas(code: int, reason: str | None, report: dict | None) -> tuple[int, str | None]:
     """A run's verdict under ``--check-replicas``, from its own verdict and the check's report
     (None: the check never wrote one). Never a pass without a check that compared replicas; a
@@ -128,8 +141,11 @@ def judge_replicas(code: int, reason: str | None, report: dict | None) -> tuple[
     at = f"step {report.get('step')}"
     if report.get("epoch") is not None:
         at += f", epoch {report['epoch']}"
+    tail = ""
+    if report.get("steps") and report.get("step") is not None and report["steps"] > report["step"]:
+        tail = f"; the last {report['steps'] - report['step']} optimizer steps were not checked"
     return GOOD, (f"replicas agree: {report['checks']} checks of {report.get('world')} ranks "
-                  f"({report.get('mechanism')}), the last at {at}")
+                  f"({report.get('mechanism')}), the last at {at}{tail}")
 
 
 def check_every(text: str) -> str:

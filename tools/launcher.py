@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,25 @@ from tools import contract, harness, nodes, slurm_jobs
 from tools.preloaded import Runner
 
 INJECT = Path(__file__).resolve().parent / "inject"  # put on a run's PYTHONPATH, never imported
+SANDBOX = ("unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sandbox")
+SANDBOX_MISSING = ("no sandbox here: a new network namespace cannot be made (unshare --net needs "
+                   "root or user namespaces, and ip)")
+
+
+def sandbox_works() -> bool:
+    """Can this machine make the sandbox (once per process)?"""
+    global _SANDBOX_OK
+    if _SANDBOX_OK is None:
+        import subprocess
+
+        try:
+            _SANDBOX_OK = subprocess.run([*SANDBOX, "true"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _SANDBOX_OK = False
+    return _SANDBOX_OK
+
+
+_SANDBOX_OK: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,7 @@ class Run:
     # "self" gives it --nodes N --ranks-per-node R (it launches its own), None: one node only
     peer_grace: float = 30.0
     check_replicas: str | None = None  # "epoch" or N: the replica check injected (inject/)
+    sandbox: bool = False  # untrusted code: no network but loopback, a throwaway HOME, TMPDIR, folder
 
     def command(self) -> list[str]:
         if self.kind == "python":
@@ -95,6 +116,8 @@ class Launcher:
     def run(self, run: Run) -> harness.RunResult:
         if run.check_replicas:
             return self._checked(run)
+        if run.sandbox:
+            return self._sandboxed(run)
         how = self.how
         if how.slurm is not None:
             return slurm_jobs.run(run.command(), timeout=run.timeout, log_stem=run.log_stem,
@@ -155,7 +178,10 @@ class Launcher:
         """``run`` with the replica check on its path (a fresh interpreter: the check hooks into
         torch as it is imported), judged with what the check reported."""
         with tempfile.TemporaryDirectory(prefix="replicas-") as tmp:
-            report = Path(tmp) / "report.json"
+            # one report per process that checked, beside the logs when there are (a SLURM job
+            # writes where the submitter reads)
+            report = Path(f"{run.log_stem}.replicas") if run.log_stem else Path(tmp) / "replicas"
+            shutil.rmtree(report, ignore_errors=True)
             paths = (run.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH") or "").split(os.pathsep)
             pythonpath = os.pathsep.join([str(INJECT), *(p for p in paths if p and p != str(INJECT))])
             env = {**run.env, "PYTHONPATH": pythonpath, "WORKSPACE_CHECK_REPLICAS": run.check_replicas,
@@ -164,14 +190,32 @@ class Launcher:
             if run.signature:
                 signature = f"(?:{run.signature})|(?:{signature})"
             result = self.run(replace(run, env=env, signature=signature, own=False, check_replicas=None))
-            try:
-                said = json.loads(report.read_text())
-            except (OSError, ValueError):
-                said = None
+            said = []
+            for path in sorted(report.glob("*.json")):
+                try:
+                    said.append(json.loads(path.read_text()))
+                except (OSError, ValueError):
+                    continue
+            said = contract.merge_replica_reports(said)
         code, reason = contract.judge_replicas(result.code, result.reason, said)
         if (code, reason) != (result.code, result.reason):
             result.code, result.verdict, result.reason, result.final = code, contract.name(code), reason, True
         return result
+
+    def _sandboxed(self, run: Run) -> harness.RunResult:
+        """``run`` in a new network namespace with only loopback up (``unshare --net``: the ranks
+        still meet on 127.0.0.1, nothing else is reachable), with a HOME, TMPDIR and (unless it
+        has one) working folder of its own, removed afterwards. The file system is otherwise the
+        machine's: what a script may write is checked before (``triage.dangerous``)."""
+        if not sandbox_works():
+            return harness.RunResult(contract.FAIL, "error", SANDBOX_MISSING, 0.0, None)
+        with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
+            home, temp, work = (Path(tmp) / d for d in ("home", "tmp", "work"))
+            for d in (home, temp, work):
+                d.mkdir()
+            env = {**run.env, "HOME": str(home), "TMPDIR": str(temp), "XDG_CACHE_HOME": str(home / ".cache")}
+            return self.run(replace(run, argv=(*SANDBOX, *run.command()), kind="exec", env=env,
+                                    cwd=run.cwd or work, own=False, sandbox=False))
 
     def close(self) -> None:
         if self.runner is not None:

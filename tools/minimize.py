@@ -129,6 +129,7 @@ class Config:
     fresh_process: bool
     confirm: int
     check_replicas: str | None = None  # the replica check injected: bad when replicas diverge
+    sandbox: bool = False  # every run in the launcher's sandbox (untrusted code)
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -142,6 +143,9 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--verdict-line", action="store_true",
                    help="the script prints the contract's verdict line (then no --signature)")
     contract.add_check_replicas(p)
+    p.add_argument("--sandbox", action="store_true",
+                   help="every run in the launcher's sandbox (no network but loopback, a throwaway HOME "
+                        "and TMPDIR): for untrusted code")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL})")
     where.add_argument("--python", help="run it with this interpreter (its environment as it is)")
@@ -182,7 +186,7 @@ def parse_args(argv: list[str]) -> Config:
     python, where_ = interpreter(a.python, a.cell)
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
-                  out, a.timeout, a.fresh_process, a.confirm, a.check_replicas)
+                  out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox)
 
 
 def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
@@ -590,7 +594,7 @@ class Oracle:
         try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
             r = self.launcher.run(Run(tuple(argv), self.cfg.python, cwd=work, timeout=self.timeout,
                                       signature=signature, log_stem=log_stem, own=not fresh,
-                                      check_replicas=self.cfg.check_replicas))
+                                      check_replicas=self.cfg.check_replicas, sandbox=self.cfg.sandbox))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         output = "".join(Path(p).read_text(errors="replace")

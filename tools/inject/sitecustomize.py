@@ -74,19 +74,28 @@ class _LightningSource(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
     """Runs ``workspace_replicas.install_torch`` right after ``import torch`` completes (torch is
-    not imported here: a run that never uses it pays nothing)."""
+    not imported here: a run that never uses it pays nothing). It stays in place until torch is
+    imported: a package that only asks where torch is (``importlib.util.find_spec``) does not
+    use it up."""
+
+    busy = False
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != "torch" or self.busy:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
         if spec is None or spec.loader is None:
             return spec
-        run = spec.loader.exec_module
+        run, finder = spec.loader.exec_module, self
 
         def exec_module(module):
             run(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             import workspace_replicas
 
             workspace_replicas.install_torch(module)

@@ -1,0 +1,265 @@
+"""``nox -s triage``: reading an issue (fixtures in tests/fixtures/issues, written for these
+tests in the structure of Lightning's bug form), the static check, the CPU port, the sandbox,
+the URL path through a local HTTP server with the API's JSON shape, and one real triage of a
+two-rank DDP script."""
+
+import http.server
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tools import contract, triage
+from tools.launcher import Launcher, Run, sandbox_works
+
+ROOT = Path(__file__).resolve().parent.parent
+ISSUES = ROOT / "tests" / "fixtures" / "issues"
+
+
+def issue(name: str) -> triage.Issue:
+    return triage.read_issue(str(ISSUES / name))
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def test_the_forms_sections_script_versions_and_drift_are_read():
+    i = issue("drift_after_unfreeze.md")
+    assert i.title == "Ranks disagree after the backbone starts training"
+    assert set(triage.FORM) <= set(triage.sections(i.body))
+    script = triage.pick_script(triage.code_blocks(i.body))
+    assert script.problem is None and script.origin == [(16, 26)]
+    assert script.code.splitlines()[0] == "import torch"  # the reporter's text, as pasted
+    said = triage.stated_versions(i)
+    assert (said["lightning"], said["torch"]) == ("2.5.0", "2.13.0")
+    assert triage.tracebacks(i.body) == []
+    assert triage.DRIFT.search(i.body)
+
+
+def test_a_module_then_a_main_in_two_blocks_are_joined_in_order():
+    i = issue("two_blocks.md")
+    script = triage.pick_script(triage.code_blocks(i.body))
+    assert len(script.origin) == 2
+    assert script.code.index("class Net") < script.code.index('if __name__ == "__main__":')
+
+
+def test_the_signature_is_the_reported_exception_never_generic():
+    (tb,) = triage.tracebacks(issue("traceback_only.md").body)
+    cls, message = triage.exception_line(tb)  # through the [rank5]: prefixes
+    assert (cls, message) == ("AttributeError", "'NoneType' object has no attribute 'reducer'")
+    signature = triage.derive_signature(cls, message)
+    assert re.search(signature, "AttributeError: 'NoneType' object has no attribute 'reducer'")
+    assert not re.search(signature, "AttributeError: 'NoneType' object has no attribute 'module'")
+    assert not re.search(signature, "RuntimeError: 'NoneType' object has no attribute 'reducer'")
+    (tb,) = triage.tracebacks(issue("two_blocks.md").body)
+    signature = triage.derive_signature(*triage.exception_line(tb))
+    assert re.search(signature, "AssertionError: step is 7 at 0x1b2c, expected 10")  # numbers, addresses
+
+
+def test_an_assertion_in_the_users_code_is_located_by_function_not_by_path():
+    (tb,) = triage.tracebacks(issue("two_blocks.md").body)
+    signature = triage.derive_signature(*triage.exception_line(tb))
+    assert triage._report_site(tb, signature) == ("AssertionError", "(script)", "<module>")
+    (tb,) = triage.tracebacks(issue("traceback_only.md").body)
+    signature = triage.derive_signature(*triage.exception_line(tb))
+    assert triage._report_site(tb, signature) == (
+        "AttributeError", "torch:nn/parallel/distributed.py", "backward")
+
+
+@pytest.mark.parametrize("text, lightning, torch", [
+    ("### What version are you seeing the problem on?\n\nv2.4\n", "2.4", None),
+    ("### Environment\n\n- PyTorch Lightning Version: 2.3.3\n- PyTorch Version: 2.1.2\n", "2.3.3", "2.1.2"),
+    ("### Environment\n\n```\nlightning==2.5.1\ntorch==2.6.0\n```\n", "2.5.1", "2.6.0"),
+    ("It broke since upgrading to 2.5.0 last week.", "2.5.0", None),
+])
+def test_stated_versions(text, lightning, torch):
+    said = triage.stated_versions(triage.Issue("x", "x", "x", text))
+    assert (said["lightning"], said["torch"]) == (lightning, torch)
+    assert said["from"]
+
+
+# -- running it safely ---------------------------------------------------------------------------
+
+def test_downloads_shell_outs_built_code_and_outside_writes_are_refused():
+    code = "\n".join([
+        "import requests", "import subprocess", "from torchvision.datasets import MNIST",
+        "MNIST('data', download=True)", "subprocess.run(['ls'])", "os.system('ls')",
+        "exec(open('x').read())", "open('/etc/motd', 'w')", "shutil.rmtree('/data')",
+        "Path('~/x').write_text('1')", "torch.hub.load('a', 'b')", "AutoModel.from_pretrained('bert')",
+    ])
+    found = triage.dangerous(code)
+    for what in ("imports requests", "runs a command", "download=True", "string built at run time",
+                 "outside the working folder", "torch.hub.load() downloads", "from_pretrained() downloads"):
+        assert any(what in f for f in found), (what, found)
+    assert all(f.startswith("line ") for f in found)
+    benign = "import torch\nopen('/etc/hostname').read()\nopen('out.txt', 'w')\neval('1 + 1')\n"
+    assert triage.dangerous(benign) == []
+
+
+def test_the_cpu_port_changes_only_the_named_arguments_and_shows_them():
+    source = (ISSUES / "two_blocks.md").read_text()
+    code = triage.pick_script(triage.code_blocks(source)).code
+    new, changes, diff = triage.cpu_port(code)
+    assert changes == ["accelerator='cuda' -> 'cpu'", "precision='16-mixed' -> 'bf16-mixed'",
+                       "Net().cuda() -> Net()"]  # in the order of the source
+    assert 'trainer = pl.Trainer(accelerator=\'cpu\', devices=2, strategy="ddp", precision=\'bf16-mixed\')' in new
+    assert "trainer.fit(Net())" in new
+    untouched = [line for line in code.splitlines() if "Trainer" not in line and "fit(" not in line]
+    assert all(line in new.splitlines() for line in untouched)
+    assert diff.startswith("--- reported.py\n+++ run.py\n")
+    new, changes, _ = triage.cpu_port("import torch\ntorch.cuda.set_device(0)\nx = torch.ones(1).to('cuda:1')\n")
+    assert new == "import torch\npass\nx = torch.ones(1).to('cpu')\n"
+
+
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+def test_in_the_sandbox_only_loopback_answers_and_home_is_a_throwaway(tmp_path):
+    probe = tmp_path / "probe.py"
+    marker = f"triage-sandbox-{os.getpid()}"
+    probe.write_text(
+        "import os, socket, pathlib\n"
+        f"pathlib.Path(os.environ['HOME'], {marker!r}).write_text('written')\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); port = s.getsockname()[1]\n"
+        "socket.create_connection(('127.0.0.1', port), timeout=5).close()\n"
+        "print('loopback ok', os.getcwd(), os.environ['HOME'])\n"
+        "try:\n"
+        "    socket.create_connection(('192.0.2.1', 80), timeout=5)\n"
+        "except OSError as err:\n"
+        "    print('outside blocked:', err)\n"
+        "    raise SystemExit(1)\n")
+    r = Launcher().run(Run((str(probe),), Path(sys.executable), sandbox=True, signature="outside blocked",
+                           log_stem=tmp_path / "log"))
+    out = (tmp_path / "log.stdout").read_text()
+    assert r.verdict == "bad", (r, out)
+    assert "loopback ok" in out
+    assert not (Path.home() / marker).exists()
+    home = out.split("loopback ok ", 1)[1].split()[1]
+    assert home != str(Path.home()) and not Path(home).exists()  # removed afterwards
+
+
+# -- the triage, without runs ---------------------------------------------------------------------
+
+def run_triage(tmp_path, *args) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "tools.triage", *args, "--out", str(tmp_path / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "REPRO_RESULTS": str(tmp_path / "results")})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_a_traceback_without_a_script_gets_its_frames_and_the_questions(tmp_path):
+    code, out, err = run_triage(tmp_path, str(ISSUES / "traceback_only.md"))
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    first = comment.splitlines()[0]
+    assert first.startswith("**Triage:** no runnable script in the report; 2 Lightning/torch frames")
+    assert "`torch:nn/parallel/distributed.py:263`" in comment
+    assert "Questions:" in comment and "self-contained script" in comment
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["signature"].startswith("AttributeError: ")
+    assert data["versions_said"]["lightning"] == "2.5.0"
+
+
+def test_a_script_that_downloads_is_reported_not_run(tmp_path):
+    code, out, err = run_triage(tmp_path, str(ISSUES / "downloads_dataset.md"))
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.startswith("**Triage:** not run: the script could reach outside its sandbox")
+    assert "MNIST(download=True) downloads a dataset" in comment
+    assert not (tmp_path / "out" / "logs").exists()  # nothing ran
+    assert not (tmp_path / "out" / "script.py").exists()
+
+
+def test_a_paste_that_does_not_parse_cannot_run_and_says_why(tmp_path):
+    code, out, err = run_triage(tmp_path, str(ISSUES / "syntax_error.md"))
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.startswith("**Triage:** cannot run the script: a syntax error at line 5")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no-such-issue.md"], "no-such-issue.md: neither a GitHub issue URL nor a file"),
+    (["README.md", "--trials", "0"], "--trials takes a number >= 1"),
+    (["README.md", "--signature", "("], "--signature '(' is not a valid regex"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    code, out, err = run_triage(tmp_path, *args)
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith(f"error: {message}")
+
+
+def test_nothing_to_run_and_no_traceback_is_bad_input(tmp_path):
+    plain = tmp_path / "plain.md"
+    plain.write_text("# Docs typo\n\n### Bug description\n\nThe word 'recieve' in the docs.\n")
+    code, out, err = run_triage(tmp_path, str(plain))
+    assert code == 2
+    assert err.strip().splitlines()[-1] == f"error: {plain}: nothing to run and no traceback"
+
+
+class _Api(http.server.BaseHTTPRequestHandler):
+    issue = {"number": 7, "title": "A crash in DDP's backward", "html_url": "https://github.com/o/r/issues/7",
+             "comments": 1, "body": (ISSUES / "traceback_only.md").read_text()}
+
+    def do_GET(self):  # noqa: N802
+        body = {"/repos/o/r/issues/7": self.issue,
+                "/repos/o/r/issues/7/comments": [{"body": "Same here on 2.5.1."}]}.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.end_headers()
+        self.wfile.write(json.dumps(body or {"message": "Not Found"}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_issue_url_is_read_through_the_api_and_then_works_offline(tmp_path, monkeypatch):
+    monkeypatch.setattr(triage, "CACHE", tmp_path / "cache")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("GITHUB_API_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        i = triage.read_issue("https://github.com/o/r/issues/7")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (i.id, i.title, i.url) == ("o-r-7", "A crash in DDP's backward", "https://github.com/o/r/issues/7")
+    assert i.comments == ["Same here on 2.5.1."]
+    with socket.socket() as s:  # a port nothing listens on: the API is gone
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("GITHUB_API_URL", f"http://127.0.0.1:{s.getsockname()[1]}")
+    again = triage.read_issue("https://github.com/o/r/issues/7")
+    assert (again.title, again.comments) == (i.title, i.comments)
+    monkeypatch.setattr(triage, "CACHE", tmp_path / "empty")
+    with pytest.raises(contract.BadInput, match="no copy is cached"):
+        triage.read_issue("https://github.com/o/r/issues/7")
+
+
+# -- one real triage ----------------------------------------------------------------------------
+
+@pytest.mark.ddp
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replica_check(tmp_path):
+    """The #20340-style report (a GPU script, no exception, "drift" in the text), its version
+    set to the newest so one cell runs: ported to the CPU, the replica check turned on by the
+    text, reproduced in the sandbox."""
+    text = (ISSUES / "drift_after_unfreeze.md").read_text().replace("v2.5", "v2.6").replace(
+        "Version: 2.5.0", "Version: 2.6.6")
+    report = tmp_path / "drift.md"
+    report.write_text(text)
+    code, out, err = run_triage(tmp_path, str(report), "--trials", "1", "--no-bisect",
+                                "--minimize-budget", "0")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["check_replicas"] == "epoch" and data["signature"] is None
+    assert data["port_changes"] == ["batch[0].cuda() -> batch[0]", "accelerator='gpu' -> 'cpu'"]
+    (cell,) = data["cells"]
+    assert (cell["lightning"], cell["torch"], cell["verdicts"]) == ("2.6.6", "2.13.0", ["bad"]), cell
+    assert cell["reasons"][0].startswith("replicas diverged at step 12 (epoch 2)")
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
+                                       "2.13.0 (CPU)")

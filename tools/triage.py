@@ -1,0 +1,788 @@
+"""``nox -s triage -- ISSUE``: from a reported issue to a paste-ready triage comment backed by runs.
+
+ISSUE is a GitHub issue URL (read through GitHub's REST API, ``GITHUB_TOKEN`` if set, cached under
+``.cache/issues/`` so a re-run works offline; ``GITHUB_API_URL`` points elsewhere), or a saved
+file: the API's JSON, or the issue's Markdown. The headings of Lightning's bug-report form are
+understood.
+
+1. **Read**: the runnable script (the fenced blocks that import torch or Lightning and build a
+   ``Trainer`` or a DDP model; blocks that belong together are joined in order), the tracebacks
+   (``[rankN]:`` prefixes too), the versions the reporter states, and the signature: the reported
+   exception's class and message, never generic (``--signature`` overrides). A run reproduces
+   only when it fails with that exception raised at the same place. A report of ranks or results
+   drifting apart turns on the replica check (``--check-replicas``).
+2. **Run it safely**: pasted code is untrusted. A static check refuses downloads, shell-outs,
+   ``eval``/``exec`` of built strings and writes outside the working folder (``--trust`` runs it
+   anyway); every run is in the launcher's sandbox (no network but loopback, a throwaway HOME,
+   TMPDIR and folder), or, where the machine cannot make one, only with ``--allow-network``. A
+   GPU script is ported to the CPU (accelerator, ``.cuda()``, NCCL, 16-bit precision), shown as
+   a diff.
+3. **Reproduce and locate**: ``--trials`` runs in the reporter's versions and in the newest
+   release on the newest torch, with the rate; when it reproduces on the newest, a release
+   bisect (``nox -s bisect``), then the commits with ``--repo``/``LIGHTNING_REPO``; a
+   minimization within ``--minimize-budget``. A report with a traceback and no script gets its
+   frames and the questions for the reporter.
+4. **Output**: ``results/triage/<id>/comment.md`` (its first line a status a bot can parse),
+   ``triage.json`` (every field), the script as run, logs per run.
+
+Exit codes: 0 the triage is done (whatever it found), 2 bad input (one line), 128 harness
+failure, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tools import contract, envs, fingerprint, index, results
+from tools.contract import BadInput, HarnessFailure
+from tools.launcher import Launcher, Run, sandbox_works
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "issues"
+NEWEST_TORCH = "2.13.0"  # the newest torch this workspace runs on (its CPU build)
+ISSUE_URL = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/issues/(?P<number>\d+)/?$")
+FORM = ("Bug description", "What version are you seeing the problem on?", "How to reproduce the bug",
+        "Error messages and logs", "Environment", "More info")
+DRIFT = re.compile(r"\b(?:diverg\w*|drift\w*|out of sync|differ\w* (?:across|between|per) (?:ranks|gpus|"
+                   r"replicas|processes)|not (?:the same|identical) (?:on|across) (?:ranks|gpus)|"
+                   r"(?:ranks|replicas|gpus) (?:end up|have|get) different)", re.I)
+_started = time.monotonic()
+
+
+def progress(stage: str, text: str) -> None:
+    print(f"[triage {time.monotonic() - _started:5.0f} s] {stage}: {text}", flush=True)
+
+
+# -- 1. read the issue ------------------------------------------------------------------------
+
+@dataclass
+class Issue:
+    source: str  # what was given
+    id: str  # for the results folder: owner-repo-N, or the file's stem
+    title: str
+    body: str
+    url: str | None = None
+    comments: list[str] = field(default_factory=list)
+
+
+def read_issue(spec: str) -> Issue:
+    match = ISSUE_URL.match(spec)
+    if match:
+        return _from_api(spec, match["repo"], int(match["number"]))
+    path = Path(spec)
+    if not path.is_file():
+        raise BadInput(f"{spec}: neither a GitHub issue URL nor a file")
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as err:
+        raise BadInput(f"{spec}: cannot read it ({err.strerror})") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise BadInput(f"{spec}: not JSON ({err})") from None
+        if not isinstance(data, dict) or "body" not in data:
+            raise BadInput(f"{spec}: not an issue as GitHub's API gives it (no 'body')")
+        return _issue(spec, data, path.stem)
+    return Issue(spec, path.stem, _first_heading(text) or path.stem, text)
+
+
+def _first_heading(text: str) -> str | None:
+    m = re.search(r"^#\s+(.+)$", text, re.M)
+    return m[1].strip() if m else None
+
+
+def _issue(spec: str, data: dict, ident: str, comments=()) -> Issue:
+    return Issue(spec, ident, data.get("title") or ident, data.get("body") or "", data.get("html_url"),
+                 [c.get("body") or "" for c in comments])
+
+
+def _from_api(url: str, repo: str, number: int) -> Issue:
+    ident = f"{repo.replace('/', '-')}-{number}"
+    cached = CACHE / f"{ident}.json"
+    api = os.environ.get("GITHUB_API_URL", "https://api.github.com").rstrip("/")
+    try:
+        data = _get(f"{api}/repos/{repo}/issues/{number}")
+        comments = _get(f"{api}/repos/{repo}/issues/{number}/comments") if data.get("comments") else []
+        results.write_json(cached, {"issue": data, "comments": comments})
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        if not cached.is_file():
+            raise BadInput(f"{url}: cannot read it ({getattr(err, 'reason', err)}) and no copy is cached") \
+                from None
+        progress("read", f"offline ({getattr(err, 'reason', err)}): the cached copy of {url}")
+        saved = json.loads(cached.read_text())
+        data, comments = saved["issue"], saved["comments"]
+    return _issue(url, data, ident, comments)
+
+
+def _get(url: str):
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.github+json"})
+    if os.environ.get("GITHUB_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['GITHUB_TOKEN']}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read().decode())
+
+
+def sections(body: str) -> dict[str, str]:
+    """The form's sections by heading (``### Bug description`` ...); text before any: ``""``."""
+    out, name = {"": []}, ""
+    for line in body.splitlines():
+        m = re.match(r"^#{2,4}\s+(.+?)\s*$", line)
+        if m:
+            name = m[1]
+            out.setdefault(name, [])
+        else:
+            out[name].append(line)
+    return {k: "\n".join(v).strip() for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    code: str
+    line: int  # where it starts in the body (1-based, its first code line)
+
+
+def code_blocks(body: str) -> list[Block]:
+    blocks, lines, i = [], body.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)", lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, lang, start = m[1], m[2].lower(), i + 1
+        j = start
+        while j < len(lines) and not lines[j].strip().startswith(fence):
+            j += 1
+        blocks.append(Block(lang, "\n".join(lines[start:j]), start + 1))
+        i = j + 1
+    return blocks
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _builds(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("Trainer", "DistributedDataParallel", "DDP", "Fabric", "spawn", "init_process_group"):
+                return True
+    return False
+
+
+@dataclass
+class Script:
+    code: str
+    origin: list[tuple[int, int]]  # (block line in the body, count of lines) of each joined block
+    problem: str | None = None  # why it cannot run (a syntax error, ...)
+
+
+def pick_script(blocks: list[Block]) -> Script | None:
+    """The runnable program: one Python block that imports torch or Lightning and builds a
+    Trainer or DDP model, else the Python blocks joined in order if together they do; a paste
+    that looks like the program but does not parse is returned with its problem."""
+    python = [b for b in blocks if b.lang in ("", "python", "py", "python3")
+              and not fingerprint.HEADER.search(b.code) and b.code.strip()]
+
+    def runnable(code: str) -> tuple[bool, str | None]:
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as err:
+            looks = re.search(r"^\s*(?:import|from)\s+(?:torch|lightning|pytorch_lightning)\b", code, re.M)
+            return bool(looks and re.search(r"Trainer\(|DistributedDataParallel\(|DDP\(", code)), \
+                f"a syntax error at line {err.lineno}: {err.msg}"
+        wanted = {"torch", "lightning", "pytorch_lightning"} & _imports(tree)
+        return bool(wanted and _builds(tree)), None
+
+    for b in python:
+        ok, problem = runnable(b.code)
+        if ok:
+            return Script(b.code + "\n", [(b.line, len(b.code.splitlines()))], problem)
+    if len(python) > 1:
+        joined = "\n\n".join(b.code for b in python)
+        ok, problem = runnable(joined)
+        if ok:
+            return Script(joined + "\n", [(b.line, len(b.code.splitlines())) for b in python], problem)
+    return None
+
+
+def tracebacks(text: str) -> list[str]:
+    """Every block (or run of plain text) that holds a traceback."""
+    found = [b.code for b in code_blocks(text) if fingerprint.HEADER.search(b.code)]
+    if not found and fingerprint.HEADER.search(text):
+        found = [text]
+    return found
+
+
+def exception_line(traceback: str) -> tuple[str, str] | None:
+    """(class, message) of the last exception a traceback shows (any rank's)."""
+    last = None
+    for stream in fingerprint.streams(traceback).values():
+        for _, line in stream:
+            m = re.match(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning))"
+                         r"(?::\s*(?P<msg>.*))?$", line.strip())
+            if m:
+                last = (m["cls"], (m["msg"] or "").strip())
+    return last
+
+
+def derive_signature(cls: str, message: str) -> str:
+    """A regex for ``cls: message``: the class, and the message's distinctive part (its first
+    sentence, up to 80 characters) with addresses and numbers generalized, quotes either way."""
+    message = re.split(r"(?<=[.:;])\s", message, maxsplit=1)[0][:80].rstrip()
+    parts = []
+    for token in re.findall(r"0x[0-9a-fA-F]+|\d+|['\"]|[^'\"\d]+|\d", message):
+        if token.startswith("0x"):
+            parts.append("0x[0-9a-fA-F]+")
+        elif token.isdigit():
+            parts.append(r"\d+")
+        elif token in ("'", '"'):
+            parts.append("['\"]")
+        else:
+            parts.append(re.escape(token))
+    short = re.escape(cls.rsplit(".", 1)[-1])
+    return f"{short}: {''.join(parts)}" if parts else short
+
+
+def _report_site(traceback: str, signature: str) -> tuple[str, ...] | None:
+    from tools.minimize import crash_site
+
+    return _normal(crash_site(traceback, signature, ()))  # it reads [rankN]: prefixes itself
+
+
+def _normal(site: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """(class, where, function) with a library path as fingerprint names it, a user's file as
+    its function only (the reporter's path is not ours)."""
+    if site is None:
+        return None
+    cls, where, func = site
+    located = fingerprint.locate(where if where.startswith("/") else f"/x/site-packages/{where}")
+    return (cls.rsplit(".", 1)[-1], f"{located[0]}:{located[1]}" if located else "(script)", func)
+
+
+VERSION = r"v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+|rc\d+)?)"
+
+
+def stated_versions(issue: Issue) -> dict:
+    """What the reporter says: Lightning (the form's version field, ``v2.4`` meaning the newest
+    2.4.x; the Environment section; "since upgrading to 2.5.0") and torch."""
+    s = sections(issue.body)
+    said: dict = {"lightning": None, "torch": None, "from": []}
+    form = s.get(FORM[1], "")
+    m = re.search(VERSION, form)
+    if m:
+        said["lightning"] = m[1]
+        said["from"].append(f"the form's version field: {form.splitlines()[0].strip()}")
+    env = "\n".join(v for k, v in s.items() if k == FORM[4] or "nvironment" in k)
+    lightning_rx = (rf"(?:pytorch[ _-]?lightning|lightning)\s*(?:version)?\s*[:=]{{1,2}}\s*{VERSION}"
+                    rf"|^\s*[-*]?\s*(?:pytorch-lightning|lightning)\s+{VERSION}\s*$")
+    torch_rx = rf"(?:pytorch|torch)\s*(?:version)?\s*[:=]{{1,2}}\s*{VERSION}|^\s*[-*]?\s*torch\s+{VERSION}"
+    for name, rx in (("lightning", lightning_rx), ("torch", torch_rx)):
+        m = re.search(rx, env, re.I | re.M)
+        if m and (name == "torch" or not said["lightning"] or said["lightning"].count(".") < 2):
+            said[name] = next(g for g in m.groups() if g)
+            said["from"].append(f"the Environment section: {m[0].strip()}")
+    if not said["lightning"]:
+        m = re.search(rf"(?:since|after) (?:upgrading|updating|moving|going) to (?:lightning )?{VERSION}",
+                      issue.body, re.I)
+        if m:
+            said["lightning"] = m[1]
+            said["from"].append(f"the text: {m[0]}")
+    return said
+
+
+def resolve(package: str, version: str | None) -> str | None:
+    """A stated Lightning version as a release: ``2.4`` is the newest 2.4.x; None if unknown."""
+    if not version:
+        return None
+    known = [str(v) for v, r in index.releases(package).items() if not v.is_prerelease and not r.yanked]
+    if version in known:
+        return version
+    series = [v for v in known if v.startswith(version + ".")]
+    return series[-1] if series else None
+
+
+# -- 2. run it safely ---------------------------------------------------------------------------
+
+def dangerous(code: str) -> list[str]:
+    """What the script could do outside its run: downloads, shell-outs, code built at run time,
+    writes or deletes outside its folder. One line each (with the line number)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    out = []
+    for node in ast.walk(tree):
+        at = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for mod in mods:
+                if mod.split(".")[0] in ("requests", "urllib", "httpx", "aiohttp", "wget", "ftplib",
+                                         "paramiko", "boto3"):
+                    out.append(f"{at}: imports {mod} (network access)")
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        dotted = ast.unparse(f)
+        for kw in node.keywords:
+            if kw.arg == "download" and isinstance(kw.value, ast.Constant) and kw.value.value:
+                out.append(f"{at}: {dotted}(download=True) downloads a dataset")
+        if name in ("from_pretrained", "load_dataset", "urlopen") or dotted.startswith("torch.hub."):
+            out.append(f"{at}: {dotted}() downloads")
+        if dotted in ("os.system", "os.popen") or dotted.startswith(("subprocess.", "os.exec", "os.spawn")):
+            out.append(f"{at}: {dotted}() runs a command")
+        if name in ("eval", "exec") and not (node.args and isinstance(node.args[0], ast.Constant)):
+            out.append(f"{at}: {name}() of a string built at run time")
+        if name in ("rmtree", "remove", "unlink", "rmdir", "open", "write_text", "write_bytes", "makedirs",
+                    "mkdir", "rename", "replace") and _outside(node):
+            out.append(f"{at}: {dotted}() on a path outside the working folder")
+    return sorted(set(out), key=lambda s: int(re.search(r"\d+", s)[0]) if re.search(r"\d+", s) else 0)
+
+
+def _outside(call: ast.Call) -> bool:
+    paths = [a for a in call.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Call):  # Path("/x").write()
+        inner = call.func.value
+        paths += [a for a in inner.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if call.func and getattr(call.func, "id", "") == "open" and not any(
+            isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax+")
+            for a in call.args[1:2]) and not any(k.arg == "mode" for k in call.keywords):
+        return False  # open() for reading
+    return any(p.value.startswith(("/", "~", "..")) for p in paths)
+
+
+class _CpuPort(ast.NodeVisitor):
+    """Only these: accelerator gpu/cuda/auto/mps -> cpu; 16-bit precision -> bf16-mixed; NCCL ->
+    gloo; ``.cuda()`` dropped; ``.to("cuda...")`` / ``torch.device("cuda...")`` -> cpu;
+    ``torch.cuda.set_device(...)``, ``synchronize()``, ``empty_cache()`` statements -> ``pass``.
+    Each an edit of the source span of that node alone: the rest keeps the reporter's text."""
+
+    def __init__(self):
+        self.edits: list[tuple[ast.AST, str, str]] = []  # (node, new source, what changed)
+
+    def _constant(self, node, value, what):
+        self.edits.append((node, repr(value), what))
+
+    def visit_keyword(self, node):
+        v = node.value
+        if isinstance(v, ast.Constant):
+            if node.arg == "accelerator" and v.value in ("gpu", "cuda", "auto", "mps", "tpu"):
+                self._constant(v, "cpu", f"accelerator={v.value!r} -> 'cpu'")
+            elif node.arg == "precision" and v.value in (16, "16", "16-mixed", "16-true"):
+                self._constant(v, "bf16-mixed", f"precision={v.value!r} -> 'bf16-mixed'")
+            elif node.arg in ("backend", "process_group_backend") and v.value == "nccl":
+                self._constant(v, "gloo", f"{node.arg}='nccl' -> 'gloo'")
+        self.generic_visit(node)
+
+    def visit_Call(self, node):
+        f = node.func
+        dotted = ast.unparse(f)
+        if isinstance(f, ast.Attribute) and f.attr == "cuda" and not node.args and not node.keywords:
+            self.edits.append((node, None, f"{ast.unparse(node)} -> {ast.unparse(f.value)}"))
+        first = node.args[0] if node.args else None
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            moves = (isinstance(f, ast.Attribute) and f.attr == "to") or dotted in ("torch.device", "device")
+            if first.value.startswith("cuda") and moves:
+                self._constant(first, "cpu", f"{dotted}({first.value!r}) -> 'cpu'")
+            if first.value == "nccl" and dotted.endswith("init_process_group"):
+                self._constant(first, "gloo", "init_process_group('nccl') -> 'gloo'")
+        self.generic_visit(node)
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in (
+                "torch.cuda.set_device", "torch.cuda.synchronize", "torch.cuda.empty_cache"):
+            self.edits.append((node, "pass", f"{ast.unparse(node.value)} -> pass"))
+            return
+        self.generic_visit(node)
+
+
+def cpu_port(code: str) -> tuple[str, list[str], str]:
+    """The script for this machine's CPUs: (code, the changes, a unified diff); unchanged when
+    nothing needs it."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code, [], ""
+    port = _CpuPort()
+    port.visit(tree)
+    lines = code.splitlines(keepends=True)
+    data = [line.encode() for line in lines]  # ast's columns are UTF-8 byte offsets
+    edits = []
+    for node, text, _ in port.edits:
+        if text is None:  # x.cuda() -> x: only ".cuda()" goes, edits inside x stay apart
+            inner = node.func.value
+            edits.append(((inner.end_lineno, inner.end_col_offset),
+                          (node.end_lineno, node.end_col_offset), ""))
+        else:
+            edits.append(((node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text))
+    for (l1, c1), (l2, c2), text in sorted(edits, reverse=True):
+        head, tail = data[l1 - 1][:c1], data[l2 - 1][c2:]
+        data[l1 - 1:l2] = [head + text.encode() + tail]
+    new = "".join(d.decode() for d in data)
+    diff = "".join(difflib.unified_diff(lines, new.splitlines(keepends=True), "reported.py", "run.py", n=1))
+    order = sorted(port.edits, key=lambda e: (e[0].lineno, e[0].col_offset))
+    return new, [what for _, _, what in order], diff
+
+
+# -- 3. reproduce and locate -----------------------------------------------------------------
+
+@dataclass
+class Cell:
+    label: str  # "reporter's", "newest"
+    package: str
+    lightning: str
+    torch: str
+    verdicts: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bad(self) -> int:
+        return self.verdicts.count("bad")
+
+    @property
+    def rate(self) -> str:
+        return f"{self.bad}/{len(self.verdicts)}"
+
+
+def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site) -> None:
+    from tools import bisect_cli
+
+    progress("run", f"{cell.label} cell: {cell.package} {cell.lightning} + torch {cell.torch}")
+    try:
+        python = bisect_cli.release_env(cell.package, cell.lightning, cell.torch, ())
+    except envs.EnvError as err:
+        cell.verdicts, cell.reasons = ["skip"], [f"environment: {err}"]
+        return
+    started = time.monotonic()
+    for trial in range(args.trials):
+        stem = out / "logs" / f"{cell.package}-{cell.lightning}-torch{cell.torch}-{trial + 1}"
+        r = launcher.run(Run((str(script),), python, timeout=args.timeout, signature=args.signature,
+                             log_stem=stem, check_replicas=args.check_replicas,
+                             sandbox=not args.allow_network,
+                             cwd=None if not args.allow_network else _folder(out / "work")))
+        verdict, reason = r.verdict, r.reason or ""
+        if verdict == "bad" and site is not None:
+            text = "\n".join(Path(p).read_text(errors="replace") for p in (r.stdout_path, r.stderr_path)
+                             if p and Path(p).exists())
+            here = _normal(_crash_site(text, args.signature))
+            if here != site:
+                verdict, reason = "skip", (f"the signature, but raised elsewhere: {here} (reported: "
+                                           f"{site})")
+        if r.code >= contract.FAIL:
+            raise HarnessFailure(f"{cell.label} cell: {reason}")
+        cell.verdicts.append(verdict)
+        cell.reasons.append(reason)
+        progress("run", f"  trial {trial + 1}/{args.trials}: {verdict} ({reason[:120]})")
+    cell.seconds = round(time.monotonic() - started, 1)
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _crash_site(text: str, signature: str):
+    from tools.minimize import crash_site
+
+    return crash_site(text, signature, ())
+
+
+def bisect(script: Path, args, out: Path, oldest: str, package: str) -> dict | None:
+    """The release bisect (then the commits with a repo) as ``nox -s bisect`` runs it."""
+    cmd = [sys.executable, "-m", "tools.bisect_cli", "--tier", "both" if args.repo else "releases",
+           "--package", package, "--repro", str(script), "--torch", NEWEST_TORCH, "--oldest", oldest,
+           "--out", str(out / "bisect"), "--timeout", str(args.timeout), "--sandbox"]
+    if args.signature:
+        cmd += ["--signature", args.signature]
+    if args.check_replicas:
+        cmd.append(f"--check-replicas={args.check_replicas}")
+    if args.repo:
+        cmd += ["--repo", args.repo]
+    if args.allow_network:
+        cmd.remove("--sandbox")
+    progress("bisect", shlex.join(cmd[2:]))
+    proc = subprocess.run(cmd, cwd=ROOT)
+    if proc.returncode >= contract.FAIL:
+        raise HarnessFailure(f"the bisect failed (exit {proc.returncode})")
+    try:
+        return {"exit": proc.returncode, **json.loads((out / "bisect" / "report.json").read_text()),
+                "markdown": (out / "bisect" / "report.md").read_text()}
+    except (OSError, ValueError):
+        return {"exit": proc.returncode, "markdown": None}
+
+
+def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
+    if not args.minimize_budget:
+        return None
+    target = out / "minimize"
+    cmd = [sys.executable, "-m", "tools.minimize", str(script), "--python", str(python), "--budget",
+           str(args.minimize_budget), "--out", str(target)]
+    if not args.allow_network:
+        cmd.append("--sandbox")
+    if args.signature:
+        cmd += ["--signature", args.signature]
+    if args.check_replicas:
+        cmd.append(f"--check-replicas={args.check_replicas}")
+    progress("minimize", f"{args.minimize_budget:g} min")
+    proc = subprocess.run(cmd, cwd=ROOT)
+    result = target / "minimized.py"
+    if proc.returncode == 0 and result.is_file():
+        return {"lines": len(result.read_text().splitlines()), "code": result.read_text()}
+    return {"exit": proc.returncode, "lines": None}
+
+
+# -- 4. the comment -----------------------------------------------------------------------------
+
+def questions(issue: Issue) -> list[str]:
+    number = issue.id.rsplit("-", 1)[-1]
+    known = tomllib.loads((ROOT / "patches" / "questions.toml").read_text())
+    return known.get(number) or [
+        "Can you share a self-contained script that shows it on one node with two devices (or two "
+        "CPU processes), with the smallest model and random data?",
+        "How many nodes and devices per node, and which launcher (Lightning's own, torchrun, SLURM)?",
+        "The exact versions: `python -m lightning.pytorch.utilities.collect_env_details` or `pip list`.",
+        "The full log of every rank (with `[rankN]:` prefixes), not only rank 0's.",
+    ]
+
+
+def comment(t: dict) -> str:
+    lines = [f"**Triage:** {t['status']}", ""]
+    if t.get("refused"):
+        lines += ["The script was not run: it could reach outside its sandbox.", "",
+                  *[f"- {r}" for r in t["refused"]], "",
+                  "Run it anyway with `--trust` (review it first).", ""]
+    how = ["- Signature: none"]
+    if t.get("signature"):
+        source = f" ({t['signature_from']})" if t.get("signature_from") else ""
+        how = [f"- Signature: `{t['signature']}`{source}"]
+    if t.get("check_replicas"):
+        how.append("- Replica check: on (`--check-replicas`): " + t["replicas_why"])
+    how.append(f"- Sandbox: {t['sandbox'] or 'not needed: nothing was run'}")
+    if t.get("versions_said", {}).get("from"):
+        how.append("- Versions stated: " + "; ".join(t["versions_said"]["from"]))
+    lines += ["How it was run:", "", *how, ""]
+    if t.get("port_diff"):
+        lines += ["<details><summary>CPU port (" + ", ".join(t["port_changes"]) + ")</summary>", "",
+                  "```diff", t["port_diff"].rstrip(), "```", "", "</details>", ""]
+    if t.get("cells"):
+        lines += ["| cell | Lightning | torch | reproduced | how the runs ended |", "|---|---|---|---|---|"]
+        for c in t["cells"]:
+            ended = "; ".join(sorted({f"{v}: {r[:100]}".replace("|", "/") for v, r in zip(
+                c["verdicts"], c["reasons"], strict=True)}))
+            lines.append(f"| {c['label']} | {c['package']} {c['lightning']} | {c['torch']} | {c['rate']} | "
+                         f"{ended} |")
+        lines.append("")
+    if t.get("bisect") and t["bisect"].get("markdown"):
+        lines += [t["bisect"]["markdown"].replace("## Bisect result", "**Bisect:**", 1).strip(), ""]
+    if t.get("frames"):
+        lines += ["Frames of the traceback (Lightning and torch):", "",
+                  *[f"- `{f}`" for f in t["frames"][:12]], ""]
+    m = t.get("minimized")
+    if m and m.get("lines"):
+        lines += [f"<details><summary>Minimized repro ({m['lines']} lines)</summary>", "", "```python",
+                  m["code"].rstrip(), "```", "", "</details>", ""]
+    if t.get("questions"):
+        lines += ["Questions:", "", *[f"- {q}" for q in t["questions"]], ""]
+    lines += [f"Reproduce with: `nox -s triage -- {t['input']}`", "",
+              "If this triage is wrong, please say so here.", ""]
+    return "\n".join(lines)
+
+
+# -- the program ----------------------------------------------------------------------------------
+
+def parse_args(argv) -> argparse.Namespace:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise BadInput(message)
+
+    p = Parser(prog="nox -s triage --", description=__doc__.split("\n\n")[0])
+    p.add_argument("issue", help="a GitHub issue URL, or a saved issue (its API JSON, or Markdown)")
+    p.add_argument("--signature", help="regex for 'bad' (default: derived from the reported exception)")
+    contract.add_check_replicas(p)
+    p.add_argument("--trials", type=int, default=3, help="runs per cell (default 3)")
+    p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit of a run")
+    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
+                   help="a Lightning checkout for the commit bisect (default $LIGHTNING_REPO)")
+    p.add_argument("--minimize-budget", type=float, default=5.0, metavar="MIN",
+                   help="minutes of minimization (0 skips it; default 5)")
+    p.add_argument("--no-bisect", action="store_true", help="run the cells only")
+    p.add_argument("--trust", action="store_true", help="run a script the static check refuses")
+    p.add_argument("--allow-network", action="store_true",
+                   help="run without the sandbox (where the machine cannot make one)")
+    p.add_argument("--out", help="results folder (default results/triage/<issue id>)")
+    args = p.parse_args(argv)
+    if args.trials < 1:
+        raise BadInput("--trials takes a number >= 1")
+    if args.minimize_budget < 0:
+        raise BadInput("--minimize-budget takes minutes >= 0")
+    contract.check_signature(args.signature)
+    return args
+
+
+def triage(args) -> dict:
+    issue = read_issue(args.issue)
+    out = Path(args.out) if args.out else results.kind_dir("triage") / issue.id
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BadInput(f"--out {out}: cannot write there ({err.strerror})") from None
+    text = "\n\n".join([issue.body, *issue.comments])
+    script = pick_script(code_blocks(issue.body)) or next(
+        (s for c in issue.comments if (s := pick_script(code_blocks(c)))), None)
+    tbs = tracebacks(text)
+    said = stated_versions(issue)
+    t: dict = {"input": args.issue, "id": issue.id, "title": issue.title, "url": issue.url,
+               "versions_said": said, "tracebacks": tbs, "sandbox": None}
+    progress("read", f"{issue.title!r}: {'a script' if script else 'no script'}, {len(tbs)} traceback(s), "
+                     f"versions said: Lightning {said['lightning'] or '?'}, torch {said['torch'] or '?'}")
+    signature, site, why = args.signature, None, None
+    exc = next((e for e in map(exception_line, reversed(tbs)) if e), None)
+    if not signature and exc:
+        signature, why = derive_signature(*exc), f"from the reported `{exc[0]}`"
+    if signature and tbs:
+        site = _report_site("\n".join(tbs), signature)
+    check = args.check_replicas
+    drift = DRIFT.search(text)
+    if not check and drift and not exc:
+        check = "epoch"
+        t["replicas_why"] = f"the report says {drift[0]!r} and shows no exception"
+    elif check:
+        t["replicas_why"] = "asked for"
+    args.signature, args.check_replicas = signature, check
+    t.update(signature=signature, signature_from=why, check_replicas=check, site=site)
+    frames = [f.label for f in fingerprint.parse("\n".join(tbs))] if tbs else []
+    t["frames"] = frames
+    if script is None:
+        t["status"] = "no runnable script and no traceback"
+        if tbs:
+            t["status"] = (f"no runnable script in the report; {len(frames)} Lightning/torch frames in its "
+                           f"traceback, signature `{signature}`")
+        t["questions"] = questions(issue)
+        if not tbs:
+            raise BadInput(f"{args.issue}: nothing to run and no traceback")
+        return _finish(t, out)
+    package = "lightning" if re.search(r"^\s*(?:import|from)\s+lightning\b", script.code, re.M) \
+        else "pytorch-lightning"
+    t.update(script_origin=script.origin, package=package)
+    if script.problem:
+        t["status"] = f"cannot run the script: {script.problem}"
+        t["questions"] = questions(issue)
+        return _finish(t, out)
+    refused = dangerous(script.code)
+    if refused and not args.trust:
+        t.update(status="not run: the script could reach outside its sandbox", refused=refused)
+        return _finish(t, out)
+    if not args.allow_network and not sandbox_works():
+        raise BadInput("this machine cannot make the sandbox (a network namespace: unshare --net); "
+                       "run with --allow-network to run the script without it")
+    t["sandbox"] = ("none (--allow-network)" if args.allow_network else
+                    "a network namespace with only loopback, a throwaway HOME, TMPDIR and folder")
+    code, changes, diff = cpu_port(script.code)
+    t.update(port_changes=changes, port_diff=diff)
+    path = out / "script.py"
+    results.write_atomic(path, code)
+    if not (signature or check):
+        t["status"] = "no signature: the report shows no exception and no drift; give --signature"
+        t["questions"] = questions(issue)
+        return _finish(t, out)
+    reporter = resolve(package, said["lightning"])
+    newest = str(max(v for v, r in index.releases(package).items() if not v.is_prerelease and not r.yanked))
+    cells = []
+    if reporter and reporter != newest:
+        torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
+            index.release(package, reporter).uploaded)
+        cells.append(Cell("reporter's", package, reporter, torch))
+    cells.append(Cell("newest", package, newest, NEWEST_TORCH))
+    with Launcher() as launcher:
+        for cell in cells:
+            run_cell(cell, path, args, out, launcher, site)
+            t["cells"] = [{**asdict(c), "rate": c.rate} for c in cells]
+            _save(t, out)
+    new = cells[-1]
+    old = cells[0] if len(cells) > 1 else None
+    where = f"{package} {new.lightning} + torch {new.torch} (CPU)"
+    if new.bad:
+        t["status"] = f"reproduced {new.rate} on {where}"
+        if old is not None:
+            t["status"] += f"; {old.rate} on the reporter's {old.lightning} + torch {old.torch}"
+        if not args.no_bisect:
+            oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
+            t["bisect"] = bisect(path, args, out, oldest, package)
+            t["status"] += "; " + _bisect_status(t["bisect"])
+        python = Path(envs.ENVS / f"{package}-{new.lightning}-torch{new.torch}" / "bin" / "python")
+        t["minimized"] = minimize(path, args, out, python) if python.exists() else None
+    elif old is not None and old.bad:
+        t["status"] = (f"reproduced {old.rate} on the reporter's {old.lightning} + torch {old.torch}, "
+                       f"not on {where} ({new.rate}): fixed since; the fix was not bisected")
+    else:
+        t["status"] = f"did not reproduce: {' , '.join(f'{c.rate} on {c.lightning}' for c in cells)}"
+        t["questions"] = questions(issue)
+    return _finish(t, out)
+
+
+def _v(version: str):
+    from packaging.version import Version
+
+    return Version(version)
+
+
+def _bisect_status(b: dict | None) -> str:
+    if not b:
+        return "the bisect gave no report"
+    rel = (b.get("releases") or {}).get("outcome") or {}
+    com = (b.get("commits") or {}).get("outcome") or {}
+    if rel.get("status") == "found":
+        text = f"regressed in {rel.get('first_bad')} (last good {rel.get('last_good')})"
+        if com.get("status") == "found":
+            text += f", by commit {str(com.get('first_bad'))[:12]}"
+        return text
+    if rel.get("status") == "no-good":
+        return "bad in every release tested"
+    return f"bisect: {rel.get('status') or 'no answer'}"
+
+
+def _save(t: dict, out: Path) -> None:
+    results.write_json(out / "triage.json", t)
+
+
+def _finish(t: dict, out: Path) -> dict:
+    t["seconds"] = round(time.monotonic() - _started, 1)
+    _save(t, out)
+    results.write_atomic(out / "comment.md", comment(t))
+    progress("done", f"{t['status']}; {out / 'comment.md'}")
+    return t
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    triage(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(contract.run_main(main))
