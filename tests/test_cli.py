@@ -47,4 +47,4 @@ def test_the_command_line_is_what_it_was(path):
 def test_every_program_has_its_help_snapshotted():
     helped = {tomllib.loads(p.read_text())["module"] for p in CASES if p.stem.endswith("-help")}
     assert helped >= {"tools.bisect_cli", "tools.minimize", "tools.validate_patches", "tools.pr_bundle",
-                      "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes"}
+                      "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes", "tools.triage"}

@@ -169,3 +169,17 @@ def test_environments_made_by_the_tools_are_compiled(tmp_path, monkeypatch):
 
     python = validate_patches.throwaway(["packaging"], tmp_path / "throwaway")
     assert _uncompiled(str(python), ["packaging"]) == []
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.timeout(300)
+def test_a_release_planned_two_ways_gets_two_environments_never_one_rebuilt(tmp_path, monkeypatch):
+    """With and without a local torch wheel (UV_FIND_LINKS) one release's plan differs: the
+    second plan must not clear the environment a run of the first may be using."""
+    monkeypatch.setattr(envs, "ENVS", tmp_path / "envs")
+    first = envs.ensure("one-release", ["packaging"])
+    in_use = first.parent.parent / "in-use"
+    in_use.write_text("a run's file")
+    second = envs.ensure("one-release", ["packaging", "six"])
+    assert second != first and in_use.read_text() == "a run's file"
+    assert envs.ensure("one-release", ["packaging"]) == first

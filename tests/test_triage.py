@@ -108,12 +108,14 @@ def test_the_cpu_port_changes_only_the_named_arguments_and_shows_them():
     new, changes, diff = triage.cpu_port(code)
     assert changes == ["accelerator='cuda' -> 'cpu'", "precision='16-mixed' -> 'bf16-mixed'",
                        "Net().cuda() -> Net()"]  # in the order of the source
-    assert 'trainer = pl.Trainer(accelerator=\'cpu\', devices=2, strategy="ddp", precision=\'bf16-mixed\')' in new
+    assert ("trainer = pl.Trainer(accelerator='cpu', devices=2, strategy=\"ddp\", "
+            "precision='bf16-mixed')") in new
     assert "trainer.fit(Net())" in new
     untouched = [line for line in code.splitlines() if "Trainer" not in line and "fit(" not in line]
     assert all(line in new.splitlines() for line in untouched)
     assert diff.startswith("--- reported.py\n+++ run.py\n")
-    new, changes, _ = triage.cpu_port("import torch\ntorch.cuda.set_device(0)\nx = torch.ones(1).to('cuda:1')\n")
+    new, changes, _ = triage.cpu_port("import torch\ntorch.cuda.set_device(0)\n"
+                                      "x = torch.ones(1).to('cuda:1')\n")
     assert new == "import torch\npass\nx = torch.ones(1).to('cpu')\n"
 
 
@@ -263,3 +265,90 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     comment = (tmp_path / "out" / "comment.md").read_text()
     assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
                                        "2.13.0 (CPU)")
+
+
+# -- what a cold review found ---------------------------------------------------------------------
+
+def test_the_cause_is_chosen_over_a_peers_consequence_and_short_messages_are_extended():
+    tb = ("[rank1]: Traceback (most recent call last):\n"
+          "[rank0]: Traceback (most recent call last):\n"
+          '[rank1]:   File "/x/site-packages/lightning/pytorch/loops/fit_loop.py", line 9, in run\n'
+          "[rank1]:     self.advance()\n"
+          "[rank1]: ValueError: the batch has 3 items, expected 2\n"
+          '[rank0]:   File "/x/site-packages/torch/distributed/distributed_c10d.py", line 5, in all_reduce\n'
+          "[rank0]:     work.wait()\n"
+          "[rank0]: torch.distributed.DistBackendError: Connection closed by peer [127.0.0.1]:123\n")
+    assert triage.exception_line(tb) == ("ValueError", "the batch has 3 items, expected 2")
+    signature = triage.derive_signature(*triage.exception_line(tb))
+    assert triage._report_site(tb, signature) == ("ValueError", "lightning:loops/fit_loop.py", "run")
+    assert triage.derive_signature("RuntimeError", "CUDA error: an illegal memory access was encountered") \
+        .startswith("RuntimeError: CUDA\\ error:\\ an\\ illegal")
+
+
+@pytest.mark.parametrize("text, drift", [
+    ("After the unfreeze, rank 1's loss drifts away from rank 0's.", True),
+    ("The weights on the two GPUs end up not identical after an epoch.", True),
+    ("The replicas are out of sync after resuming.", True),
+    ("My loss diverges to NaN on a single GPU.", False),
+])
+def test_drift_needs_ranks_or_replicas_nearby(text, drift):
+    assert bool(triage.DRIFT.search(text)) is drift
+
+
+def test_the_forms_template_line_and_a_conda_list_are_read():
+    text = ("### Environment\n\n#- PyTorch Lightning Version (e.g., 1.5.0): 2.2.1\n"
+            "#- PyTorch Version (e.g., 2.0): 2.1.2\n")
+    said = triage.stated_versions(triage.Issue("x", "x", "x", text))
+    assert (said["lightning"], said["torch"]) == ("2.2.1", "2.1.2")
+    conda = ("### Environment\n\n```\npytorch                   2.3.1   py3.11_cuda12.1\n"
+             "lightning   2.3.3   pyhd8ed1ab_0\n```\n")
+    said = triage.stated_versions(triage.Issue("x", "x", "x", conda))
+    assert (said["lightning"], said["torch"]) == ("2.3.3", "2.3.1")
+
+
+def test_the_cpu_port_covers_devices_device_ids_and_f_strings():
+    src = ("m = Net().cuda(non_blocking=True)\nd = torch.cuda.device_count()\nz = w.to(f'cuda:{rank}')\n"
+           "ddp = DDP(m, device_ids=[rank])\nT(devices=[0, 1], precision='16-true', accelerator='gpu')\n"
+           "s = torch.load('a.pt', map_location='cuda:0')\n")
+    new, changes, _ = triage.cpu_port(src)
+    assert new == ("m = Net()\nd = 2\nz = w.to('cpu')\nddp = DDP(m, device_ids=None)\n"
+                   "T(devices=2, precision='bf16-true', accelerator='cpu')\n"
+                   "s = torch.load('a.pt', map_location='cpu')\n")
+    assert len(changes) == 8
+
+
+def test_the_static_check_sees_through_the_usual_detours():
+    code = "\n".join([
+        "from subprocess import run", "import ctypes", "__import__('os').system('x')",
+        "exec('import os; os.system(\"ls\")')", "open(os.path.join('/', 'etc', 'x'), 'w')",
+        "torch.save(model, '/root/model.pt')", "open('a/../../x', 'w')",
+    ])
+    found = " | ".join(triage.dangerous(code))
+    for what in ("imports subprocess", "imports ctypes", "__import__", "in exec(): line 1: os.system",
+                 "open() on a path outside", "torch.save() on a path outside"):
+        assert what in found, (what, found)
+    assert triage.dangerous("from pathlib import Path\nPath('/etc/hostname').open().read()\n") == []
+
+
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make the namespaces")
+def test_the_sandbox_is_read_only_outside_its_folders_and_keeps_secrets_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_a_real_token_0123")
+    probe = tmp_path / "probe.py"
+    target = tmp_path / "outside.txt"
+    probe.write_text("import os\n"
+                     "print('token', os.environ.get('GITHUB_TOKEN'))\n"
+                     "open(os.path.join(os.environ['HOME'], 'inside.txt'), 'w').write('ok')\n"
+                     f"open({str(target)!r}, 'w').write('escaped')\n")
+    r = Launcher().run(Run((str(probe),), Path(sys.executable), sandbox=True, log_stem=tmp_path / "log"))
+    out, err = (tmp_path / "log.stdout").read_text(), (tmp_path / "log.stderr").read_text()
+    assert "token None" in out
+    assert "Read-only file system" in err and not target.exists(), (r, err)
+
+
+def test_an_api_json_without_a_body_text_is_bad_input(tmp_path):
+    bad = tmp_path / "issue.json"
+    bad.write_text(json.dumps({"title": "t", "body": 123}))
+    code, out, err = run_triage(tmp_path, str(bad))
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (f"error: {bad}: not an issue as GitHub's API gives it "
+                                            "(no 'body' text)")

@@ -111,18 +111,21 @@ ENVS = Path(__file__).resolve().parent.parent / ".cache" / "envs"
 
 
 def ensure(name: str, args: list[str], python: str = "3.11", log=None) -> Path:
-    """A cached venv under ``.cache/envs/<name>`` with ``uv pip install <args>``; its python.
+    """A cached venv under ``.cache/envs/<name>-<hash>`` with ``uv pip install <args>``; its
+    python.
 
-    Made once per name and argument list: a marker file holding their hash is written last, so
-    a creation that was interrupted is simply made again.
+    Made once per name and argument list, in a folder of its own: the same release planned two
+    ways (with and without a local torch wheel in ``UV_FIND_LINKS``, whose closure differs) gets
+    two environments, never one rebuilt under a run that is using it. A marker file holding the
+    hash is written last, so a creation that was interrupted is simply made again.
     """
     digest = hashlib.sha256(json.dumps(["compiled", *args]).encode()).hexdigest()[:16]
-    folder = ENVS / name
+    folder = ENVS / f"{name}-{digest[:8]}"
     marker = folder / ".made-with"
     if marker.exists() and marker.read_text() == digest:
         return folder / "bin" / "python"
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(ENVS / f".{name}.lock", "a") as lock:  # another process making the same one waits
+    with open(ENVS / f".{folder.name}.lock", "a") as lock:  # another process making the same one waits
         fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists() and marker.read_text() == digest:
             return folder / "bin" / "python"

@@ -29,9 +29,28 @@ from tools import contract, harness, nodes, slurm_jobs
 from tools.preloaded import Runner
 
 INJECT = Path(__file__).resolve().parent / "inject"  # put on a run's PYTHONPATH, never imported
-SANDBOX = ("unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sandbox")
-SANDBOX_MISSING = ("no sandbox here: a new network namespace cannot be made (unshare --net needs "
-                   "root or user namespaces, and ip)")
+# The sandbox: new user, network, mount and process namespaces. Inside, only loopback is up (the
+# ranks meet on 127.0.0.1, nothing else answers), every mount but /proc, /sys, /dev (and
+# /dev/shm) is read-only except the folders in SANDBOX_RW (the run's HOME, TMPDIR, working
+# folder), and no process outside can be seen or signalled. Root inside is an unprivileged
+# user's root: it cannot enter the machine's namespaces again.
+_INSIDE = """ip link set lo up || exit 97
+for d in $SANDBOX_RW; do mount --bind "$d" "$d" || exit 98; done
+awk '{print $2}' /proc/mounts | sort -u | while read -r m; do
+  case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac
+  for d in $SANDBOX_RW; do [ "$m" = "$d" ] && continue 2; done
+  mount -o remount,bind,ro "$m" 2>/dev/null
+done
+unset SANDBOX_RW
+exec "$@"
+"""
+SANDBOX = ("unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--mount-proc",
+           "--", "sh", "-c", _INSIDE, "sandbox")
+SANDBOX_MISSING = ("no sandbox here: the namespaces cannot be made (unshare --user --net --mount --pid "
+                   "needs user namespaces, and ip)")
+# what a sandboxed run gets of this process's environment (no tokens, no credentials)
+SANDBOX_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "PYTHONUNBUFFERED",
+               "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NO_COLOR")
 
 
 def sandbox_works() -> bool:
@@ -41,7 +60,8 @@ def sandbox_works() -> bool:
         import subprocess
 
         try:
-            _SANDBOX_OK = subprocess.run([*SANDBOX, "true"], capture_output=True, timeout=30).returncode == 0
+            _SANDBOX_OK = subprocess.run([*SANDBOX, "true"], capture_output=True, timeout=30,
+                                         env={**os.environ, "SANDBOX_RW": ""}).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             _SANDBOX_OK = False
     return _SANDBOX_OK
@@ -70,7 +90,7 @@ class Run:
     # "self" gives it --nodes N --ranks-per-node R (it launches its own), None: one node only
     peer_grace: float = 30.0
     check_replicas: str | None = None  # "epoch" or N: the replica check injected (inject/)
-    sandbox: bool = False  # untrusted code: no network but loopback, a throwaway HOME, TMPDIR, folder
+    sandbox: bool | str = False  # untrusted code: True (the sandbox) or "network" (the network open)
 
     def command(self) -> list[str]:
         if self.kind == "python":
@@ -203,19 +223,31 @@ class Launcher:
         return result
 
     def _sandboxed(self, run: Run) -> harness.RunResult:
-        """``run`` in a new network namespace with only loopback up (``unshare --net``: the ranks
-        still meet on 127.0.0.1, nothing else is reachable), with a HOME, TMPDIR and (unless it
-        has one) working folder of its own, removed afterwards. The file system is otherwise the
-        machine's: what a script may write is checked before (``triage.dangerous``)."""
-        if not sandbox_works():
+        """``run`` in the sandbox (``SANDBOX``), with a HOME, TMPDIR and (unless it has one)
+        working folder of its own, removed afterwards, and only ``SANDBOX_ENV`` of this process's
+        variables. ``sandbox="network"``: the same but the machine's network and file system
+        (where the namespaces cannot be made)."""
+        isolated = run.sandbox != "network"
+        if isolated and not sandbox_works():
             return harness.RunResult(contract.FAIL, "error", SANDBOX_MISSING, 0.0, None)
         with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
             home, temp, work = (Path(tmp) / d for d in ("home", "tmp", "work"))
             for d in (home, temp, work):
                 d.mkdir()
-            env = {**run.env, "HOME": str(home), "TMPDIR": str(temp), "XDG_CACHE_HOME": str(home / ".cache")}
-            return self.run(replace(run, argv=(*SANDBOX, *run.command()), kind="exec", env=env,
-                                    cwd=run.cwd or work, own=False, sandbox=False))
+            cwd = Path(run.cwd or work)
+            writable = [str(home), str(temp), str(cwd.resolve())]
+            report = run.env.get("WORKSPACE_CHECK_REPLICAS_REPORT")
+            if report:  # the replica check writes its reports there
+                Path(report).mkdir(parents=True, exist_ok=True)
+                writable.append(str(Path(report).resolve()))
+            env = {k: v for k, v in os.environ.items() if k in SANDBOX_ENV}
+            env = {**env, **run.env, "HOME": str(home), "TMPDIR": str(temp),
+                   "XDG_CACHE_HOME": str(home / ".cache"), "SANDBOX_RW": " ".join(writable)}
+            if run.python:
+                env = harness.env_for(run.python, env)
+            argv = (*SANDBOX, *run.command()) if isolated else tuple(run.command())
+            return harness.run(list(argv), timeout=run.timeout, log_stem=run.log_stem, env=env, cwd=cwd,
+                               signature=run.signature, peer_grace=run.peer_grace)
 
     def close(self) -> None:
         if self.runner is not None:

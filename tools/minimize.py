@@ -774,12 +774,16 @@ class Oracle:
         self.stats.improvements += 1
         save_best(self.cfg.out, files)
 
+    @functools.cached_property
+    def original_size(self) -> tuple[int, int]:
+        return shown_size(self.original)  # formatted, as the best is counted
+
     def progress(self, files, interesting: bool, reason: str) -> None:
         elapsed = time.monotonic() - self.started
         left = ("" if self.deadline is None else
                 f", budget left {clock(max(0.0, self.deadline - time.monotonic()))}")
         lines, tokens = self.best_size
-        o_lines, o_tokens = size(self.original)
+        o_lines, o_tokens = self.original_size
         self.log(f"[minimize] test {self.stats.tests} ({self.stats.cache_hits} cached, "
                  f"{self.stats.static} not run) {clock(elapsed)}{left} | best {lines} lines, "
                  f"{tokens} tokens (of {o_lines}, {o_tokens}) | candidate {shown_size(files)[0]} lines: "

@@ -57,9 +57,9 @@ NEWEST_TORCH = "2.13.0"  # the newest torch this workspace runs on (its CPU buil
 ISSUE_URL = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/issues/(?P<number>\d+)/?$")
 FORM = ("Bug description", "What version are you seeing the problem on?", "How to reproduce the bug",
         "Error messages and logs", "Environment", "More info")
-DRIFT = re.compile(r"\b(?:diverg\w*|drift\w*|out of sync|differ\w* (?:across|between|per) (?:ranks|gpus|"
-                   r"replicas|processes)|not (?:the same|identical) (?:on|across) (?:ranks|gpus)|"
-                   r"(?:ranks|replicas|gpus) (?:end up|have|get) different)", re.I)
+_APART = r"(?:diverg\w*|drift\w*|out of sync|differ\w*|disagree\w*|not (?:the same|identical))"
+_RANKS = r"(?:ranks?|replicas?|gpus|processes|devices|workers|nodes)\b"
+DRIFT = re.compile(rf"\b{_APART}\b[^.\n]{{0,80}}\b{_RANKS}|\b{_RANKS}[^.\n]{{0,80}}\b{_APART}", re.I)
 _started = time.monotonic()
 
 
@@ -80,7 +80,7 @@ class Issue:
 
 
 def read_issue(spec: str) -> Issue:
-    match = ISSUE_URL.match(spec)
+    match = ISSUE_URL.match(re.sub(r"[#?].*$", "", spec))
     if match:
         return _from_api(spec, match["repo"], int(match["number"]))
     path = Path(spec)
@@ -95,8 +95,9 @@ def read_issue(spec: str) -> Issue:
             data = json.loads(text)
         except ValueError as err:
             raise BadInput(f"{spec}: not JSON ({err})") from None
-        if not isinstance(data, dict) or "body" not in data:
-            raise BadInput(f"{spec}: not an issue as GitHub's API gives it (no 'body')")
+        if not isinstance(data, dict) or not isinstance(data.get("body"), (str, type(None))) \
+                or "body" not in data:
+            raise BadInput(f"{spec}: not an issue as GitHub's API gives it (no 'body' text)")
         return _issue(spec, data, path.stem)
     return Issue(spec, path.stem, _first_heading(text) or path.stem, text)
 
@@ -124,8 +125,11 @@ def _from_api(url: str, repo: str, number: int) -> Issue:
             raise BadInput(f"{url}: cannot read it ({getattr(err, 'reason', err)}) and no copy is cached") \
                 from None
         progress("read", f"offline ({getattr(err, 'reason', err)}): the cached copy of {url}")
-        saved = json.loads(cached.read_text())
-        data, comments = saved["issue"], saved["comments"]
+        try:
+            saved = json.loads(cached.read_text())
+            data, comments = saved["issue"], saved["comments"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise BadInput(f"{url}: cannot read it, and the cached copy {cached} is damaged") from None
     return _issue(url, data, ident, comments)
 
 
@@ -188,7 +192,8 @@ def _builds(tree: ast.AST) -> bool:
         if isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if name in ("Trainer", "DistributedDataParallel", "DDP", "Fabric", "spawn", "init_process_group"):
+            if name in ("Trainer", "DistributedDataParallel", "DDP", "Fabric", "spawn", "init_process_group",
+                        "LightningCLI", "start_processes"):
                 return True
     return False
 
@@ -200,12 +205,24 @@ class Script:
     problem: str | None = None  # why it cannot run (a syntax error, ...)
 
 
-def pick_script(blocks: list[Block]) -> Script | None:
+def pick_script(blocks: list[Block], body: str = "") -> Script | None:
     """The runnable program: one Python block that imports torch or Lightning and builds a
-    Trainer or DDP model, else the Python blocks joined in order if together they do; a paste
-    that looks like the program but does not parse is returned with its problem."""
+    Trainer or DDP model, else the Python blocks that parse on their own joined in order if
+    together they do; a paste that looks like the program but does not parse is returned with
+    its problem. Blocks under the form's "Error messages and logs" and "Environment" headings
+    are output, not code."""
+    lines = body.splitlines()
+
+    def heading(b: Block) -> str:
+        for line in reversed(lines[:b.line - 1]):
+            m = re.match(r"^#{2,4}\s+(.+?)\s*$", line)
+            if m:
+                return m[1]
+        return ""
+
     python = [b for b in blocks if b.lang in ("", "python", "py", "python3")
-              and not fingerprint.HEADER.search(b.code) and b.code.strip()]
+              and not fingerprint.HEADER.search(b.code) and b.code.strip()
+              and not (b.lang == "" and (heading(b) in (FORM[3], FORM[4]) or "nvironment" in heading(b)))]
 
     def runnable(code: str) -> tuple[bool, str | None]:
         try:
@@ -221,12 +238,22 @@ def pick_script(blocks: list[Block]) -> Script | None:
         ok, problem = runnable(b.code)
         if ok:
             return Script(b.code + "\n", [(b.line, len(b.code.splitlines()))], problem)
-    if len(python) > 1:
+    parsed = [b for b in python if _parses(b.code)]
+    if len(parsed) > 1:
+        python = parsed
         joined = "\n\n".join(b.code for b in python)
         ok, problem = runnable(joined)
         if ok:
             return Script(joined + "\n", [(b.line, len(b.code.splitlines())) for b in python], problem)
     return None
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except SyntaxError:
+        return False
+    return True
 
 
 def tracebacks(text: str) -> list[str]:
@@ -237,22 +264,34 @@ def tracebacks(text: str) -> list[str]:
     return found
 
 
+CONSEQUENCES = re.compile(r"ChildFailedError|ProcessRaisedException|ProcessExitedException|"
+                          r"Connection (?:closed|reset) by peer|DistBackendError|SignalException")
+
+
 def exception_line(traceback: str) -> tuple[str, str] | None:
-    """(class, message) of the last exception a traceback shows (any rank's)."""
-    last = None
+    """(class, message) of the exception that a traceback shows as the cause: the last one, in
+    the order of the paste, that is not a consequence of another rank's failure (a launcher's
+    ChildFailedError, a peer's closed connection); one of those only when nothing else is."""
+    found = []
     for stream in fingerprint.streams(traceback).values():
-        for _, line in stream:
+        for pos, line in stream:
             m = re.match(r"^(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning))"
                          r"(?::\s*(?P<msg>.*))?$", line.strip())
             if m:
-                last = (m["cls"], (m["msg"] or "").strip())
-    return last
+                found.append((pos, m["cls"], (m["msg"] or "").strip()))
+    found.sort()
+    causes = [f for f in found if not CONSEQUENCES.search(f"{f[1]}: {f[2]}")]
+    pick = (causes or found)[-1:]
+    return (pick[0][1], pick[0][2]) if pick else None
 
 
 def derive_signature(cls: str, message: str) -> str:
     """A regex for ``cls: message``: the class, and the message's distinctive part (its first
     sentence, up to 80 characters) with addresses and numbers generalized, quotes either way."""
-    message = re.split(r"(?<=[.:;])\s", message, maxsplit=1)[0][:80].rstrip()
+    first = re.split(r"(?<=[.:;])\s", message, maxsplit=1)[0]
+    if len(first) < 20 or first.endswith(":"):  # "CUDA error:" says little: the next sentence too
+        first = message
+    message = first[:80].rstrip()
     parts = []
     for token in re.findall(r"0x[0-9a-fA-F]+|\d+|['\"]|[^'\"\d]+|\d", message):
         if token.startswith("0x"):
@@ -268,9 +307,17 @@ def derive_signature(cls: str, message: str) -> str:
 
 
 def _report_site(traceback: str, signature: str) -> tuple[str, ...] | None:
+    """Where the report raised the signature: within one rank's lines (interleaved ranks would
+    give one rank's exception another's frame)."""
     from tools.minimize import crash_site
 
-    return _normal(crash_site(traceback, signature, ()))  # it reads [rankN]: prefixes itself
+    for rank, stream in fingerprint.streams(traceback).items():
+        # "[rank5]: File" keeps the space after the prefix: one less gives the original indent
+        text = "\n".join(line[1:] if rank and line.startswith(" ") else line for _, line in stream)
+        site = crash_site(text, signature, ())
+        if site:
+            return _normal(site)
+    return None
 
 
 def _normal(site: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -297,9 +344,11 @@ def stated_versions(issue: Issue) -> dict:
         said["lightning"] = m[1]
         said["from"].append(f"the form's version field: {form.splitlines()[0].strip()}")
     env = "\n".join(v for k, v in s.items() if k == FORM[4] or "nvironment" in k)
-    lightning_rx = (rf"(?:pytorch[ _-]?lightning|lightning)\s*(?:version)?\s*[:=]{{1,2}}\s*{VERSION}"
-                    rf"|^\s*[-*]?\s*(?:pytorch-lightning|lightning)\s+{VERSION}\s*$")
-    torch_rx = rf"(?:pytorch|torch)\s*(?:version)?\s*[:=]{{1,2}}\s*{VERSION}|^\s*[-*]?\s*torch\s+{VERSION}"
+    note = r"\s*(?:\([^)]*\))?\s*"  # the form's "(e.g., 1.5.0)"
+    lightning_rx = (rf"(?:pytorch[ _-]?lightning|lightning)\s*(?:version)?{note}[:=]{{1,2}}\s*{VERSION}"
+                    rf"|^\s*[-*#]?\s*(?:pytorch-lightning|lightning)\s+{VERSION}")
+    torch_rx = (rf"(?:pytorch|torch)\s*(?:version)?{note}[:=]{{1,2}}\s*{VERSION}"
+                rf"|^\s*[-*#]?\s*(?:torch|pytorch)\s+{VERSION}")
     for name, rx in (("lightning", lightning_rx), ("torch", torch_rx)):
         m = re.search(rx, env, re.I | re.M)
         if m and (name == "torch" or not said["lightning"] or said["lightning"].count(".") < 2):
@@ -327,9 +376,20 @@ def resolve(package: str, version: str | None) -> str | None:
 
 # -- 2. run it safely ---------------------------------------------------------------------------
 
-def dangerous(code: str) -> list[str]:
-    """What the script could do outside its run: downloads, shell-outs, code built at run time,
-    writes or deletes outside its folder. One line each (with the line number)."""
+RISKY_MODULES = {
+    "requests": "network access", "urllib": "network access", "httpx": "network access",
+    "aiohttp": "network access", "http": "network access", "socket": "network access",
+    "ftplib": "network access", "paramiko": "network access", "boto3": "network access",
+    "wget": "network access", "huggingface_hub": "downloads", "subprocess": "runs commands",
+    "pty": "runs commands", "ctypes": "calls into C (namespaces, memory)", "importlib": "imports by name",
+}
+
+
+def dangerous(code: str, depth: int = 0) -> list[str]:
+    """What the script could do outside its run: network access, downloads, commands, code made
+    or imported by name at run time, writes or deletes on absolute, home or parent paths. One
+    line each (with the line number). The sandbox is the boundary; this is the second line,
+    so that a refused script is reported as such instead of failing inside."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -340,39 +400,62 @@ def dangerous(code: str) -> list[str]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for mod in mods:
-                if mod.split(".")[0] in ("requests", "urllib", "httpx", "aiohttp", "wget", "ftplib",
-                                         "paramiko", "boto3"):
-                    out.append(f"{at}: imports {mod} (network access)")
+                why = RISKY_MODULES.get(mod.split(".")[0])
+                if why:
+                    out.append(f"{at}: imports {mod} ({why})")
         if not isinstance(node, ast.Call):
             continue
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
         dotted = ast.unparse(f)
         for kw in node.keywords:
-            if kw.arg == "download" and isinstance(kw.value, ast.Constant) and kw.value.value:
-                out.append(f"{at}: {dotted}(download=True) downloads a dataset")
-        if name in ("from_pretrained", "load_dataset", "urlopen") or dotted.startswith("torch.hub."):
+            if kw.arg == "download" and not (isinstance(kw.value, ast.Constant) and not kw.value.value):
+                out.append(f"{at}: {dotted}(download={ast.unparse(kw.value)}) downloads a dataset")
+            weights = isinstance(kw.value, ast.Constant) and kw.value.value not in (None, False)
+            if kw.arg == "weights" and weights:
+                out.append(f"{at}: {dotted}(weights={kw.value.value!r}) downloads weights")
+        if name in ("from_pretrained", "load_dataset", "urlopen", "hf_hub_download", "snapshot_download") \
+                or dotted.startswith("torch.hub."):
             out.append(f"{at}: {dotted}() downloads")
-        if dotted in ("os.system", "os.popen") or dotted.startswith(("subprocess.", "os.exec", "os.spawn")):
-            out.append(f"{at}: {dotted}() runs a command")
-        if name in ("eval", "exec") and not (node.args and isinstance(node.args[0], ast.Constant)):
-            out.append(f"{at}: {name}() of a string built at run time")
+        if dotted in ("os.system", "os.popen", "os.setns", "os.unshare") or dotted.startswith(
+                ("os.exec", "os.spawn", "os.posix_spawn")):
+            out.append(f"{at}: {dotted}() runs a command or leaves the sandbox")
+        if name == "__import__" or (name == "getattr" and len(node.args) > 1
+                                    and not isinstance(node.args[1], ast.Constant)):
+            out.append(f"{at}: {dotted}() reaches a module or builtin by a name made at run time")
+        if name in ("eval", "exec"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str) and depth < 3:
+                out += [f"{at}: in {name}(): {f}" for f in dangerous(first.value, depth + 1)]
+            elif not isinstance(first, ast.Constant):
+                out.append(f"{at}: {name}() of a string built at run time")
         if name in ("rmtree", "remove", "unlink", "rmdir", "open", "write_text", "write_bytes", "makedirs",
-                    "mkdir", "rename", "replace") and _outside(node):
+                    "mkdir", "rename", "replace", "save", "copy", "copyfile", "copytree", "move", "symlink",
+                    "chmod", "chown") and _outside(node):
             out.append(f"{at}: {dotted}() on a path outside the working folder")
     return sorted(set(out), key=lambda s: int(re.search(r"\d+", s)[0]) if re.search(r"\d+", s) else 0)
 
 
 def _outside(call: ast.Call) -> bool:
-    paths = [a for a in call.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    """A write or delete whose path is written out as absolute, home or parent (``/``, ``~``,
+    ``..``, also joined with ``os.path.join`` or ``/``). Reads are fine."""
+    texts = [a for a in call.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    for a in call.args[:2]:
+        if isinstance(a, ast.Call) and ast.unparse(a.func) in ("os.path.join", "Path", "pathlib.Path"):
+            texts += [x for x in a.args[:1] if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+        if isinstance(a, ast.BinOp):
+            texts += [x for x in (a.left,) if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+    paths = texts
     if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Call):  # Path("/x").write()
         inner = call.func.value
         paths += [a for a in inner.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-    if call.func and getattr(call.func, "id", "") == "open" and not any(
-            isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax+")
-            for a in call.args[1:2]) and not any(k.arg == "mode" for k in call.keywords):
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    mode_at = 1 if isinstance(call.func, ast.Name) else 0  # open(path, mode) / Path(path).open(mode)
+    modes = [a.value for a in call.args[mode_at:mode_at + 1] if isinstance(a, ast.Constant)]
+    modes += [k.value.value for k in call.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)]
+    if name == "open" and not any(isinstance(m, str) and set(m) & set("wax+") for m in modes):
         return False  # open() for reading
-    return any(p.value.startswith(("/", "~", "..")) for p in paths)
+    return any(p.value.startswith(("/", "~")) or ".." in p.value.split("/") for p in paths)
 
 
 class _CpuPort(ast.NodeVisitor):
@@ -390,19 +473,38 @@ class _CpuPort(ast.NodeVisitor):
     def visit_keyword(self, node):
         v = node.value
         if isinstance(v, ast.Constant):
-            if node.arg == "accelerator" and v.value in ("gpu", "cuda", "auto", "mps", "tpu"):
-                self._constant(v, "cpu", f"accelerator={v.value!r} -> 'cpu'")
-            elif node.arg == "precision" and v.value in (16, "16", "16-mixed", "16-true"):
-                self._constant(v, "bf16-mixed", f"precision={v.value!r} -> 'bf16-mixed'")
-            elif node.arg in ("backend", "process_group_backend") and v.value == "nccl":
+            value = v.value
+            if node.arg == "accelerator" and value in ("gpu", "cuda", "auto", "mps", "tpu"):
+                self._constant(v, "cpu", f"accelerator={value!r} -> 'cpu'")
+            elif node.arg == "precision" and value in (16, "16", "16-mixed"):
+                self._constant(v, "bf16-mixed", f"precision={value!r} -> 'bf16-mixed'")
+            elif node.arg == "precision" and value == "16-true":
+                self._constant(v, "bf16-true", "precision='16-true' -> 'bf16-true'")
+            elif node.arg in ("backend", "process_group_backend") and value == "nccl":
                 self._constant(v, "gloo", f"{node.arg}='nccl' -> 'gloo'")
+            elif node.arg in ("device", "map_location") and str(value).startswith("cuda"):
+                self._constant(v, "cpu", f"{node.arg}={value!r} -> 'cpu'")
+            elif node.arg == "devices" and value in (-1, "-1", "auto"):
+                self.edits.append((v, "2", f"devices={value!r} -> 2 (CPU processes)"))
+        elif node.arg == "devices" and isinstance(v, ast.List) and v.elts:
+            n = len(v.elts)
+            self.edits.append((v, str(n), f"devices={ast.unparse(v)} -> {n} (CPU processes)"))
+        elif node.arg == "device_ids":
+            self.edits.append((v, "None", f"device_ids={ast.unparse(v)} -> None (CPU)"))
+        elif isinstance(v, ast.JoinedStr) and node.arg in ("device", "map_location") and _cuda_fstring(v):
+            self.edits.append((v, "'cpu'", f"{node.arg}={ast.unparse(v)} -> 'cpu'"))
         self.generic_visit(node)
 
     def visit_Call(self, node):
         f = node.func
         dotted = ast.unparse(f)
-        if isinstance(f, ast.Attribute) and f.attr == "cuda" and not node.args and not node.keywords:
+        if isinstance(f, ast.Attribute) and f.attr == "cuda" and ast.unparse(f.value) != "torch":
             self.edits.append((node, None, f"{ast.unparse(node)} -> {ast.unparse(f.value)}"))
+        if dotted == "torch.cuda.device_count":
+            self.edits.append((node, "2", "torch.cuda.device_count() -> 2 (CPU processes)"))
+        if isinstance(f, ast.Attribute) and f.attr == "to" and node.args \
+                and isinstance(node.args[0], ast.JoinedStr) and _cuda_fstring(node.args[0]):
+            self.edits.append((node.args[0], "'cpu'", f"{ast.unparse(node.args[0])} -> 'cpu'"))
         first = node.args[0] if node.args else None
         if isinstance(first, ast.Constant) and isinstance(first.value, str):
             moves = (isinstance(f, ast.Attribute) and f.attr == "to") or dotted in ("torch.device", "device")
@@ -418,6 +520,11 @@ class _CpuPort(ast.NodeVisitor):
             self.edits.append((node, "pass", f"{ast.unparse(node.value)} -> pass"))
             return
         self.generic_visit(node)
+
+
+def _cuda_fstring(node: ast.JoinedStr) -> bool:
+    head = node.values[0] if node.values else None
+    return isinstance(head, ast.Constant) and str(head.value).startswith("cuda")
 
 
 def cpu_port(code: str) -> tuple[str, list[str], str]:
@@ -459,14 +566,21 @@ class Cell:
     verdicts: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    python: Path | None = None  # its environment's interpreter, once made
 
     @property
     def bad(self) -> int:
         return self.verdicts.count("bad")
 
     @property
+    def tested(self) -> int:
+        return self.bad + self.verdicts.count("good")
+
+    @property
     def rate(self) -> str:
-        return f"{self.bad}/{len(self.verdicts)}"
+        """bad of the runs that could test, and the ones that could not apart."""
+        skips = len(self.verdicts) - self.tested
+        return f"{self.bad}/{self.tested}" + (f" ({skips} could not test)" if skips else "")
 
 
 def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site) -> None:
@@ -478,13 +592,13 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
     except envs.EnvError as err:
         cell.verdicts, cell.reasons = ["skip"], [f"environment: {err}"]
         return
+    cell.python = python
     started = time.monotonic()
     for trial in range(args.trials):
         stem = out / "logs" / f"{cell.package}-{cell.lightning}-torch{cell.torch}-{trial + 1}"
         r = launcher.run(Run((str(script),), python, timeout=args.timeout, signature=args.signature,
                              log_stem=stem, check_replicas=args.check_replicas,
-                             sandbox=not args.allow_network,
-                             cwd=None if not args.allow_network else _folder(out / "work")))
+                             sandbox="network" if args.allow_network else True))
         verdict, reason = r.verdict, r.reason or ""
         if verdict == "bad" and site is not None:
             text = "\n".join(Path(p).read_text(errors="replace") for p in (r.stdout_path, r.stderr_path)
@@ -494,16 +608,13 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
                 verdict, reason = "skip", (f"the signature, but raised elsewhere: {here} (reported: "
                                            f"{site})")
         if r.code >= contract.FAIL:
-            raise HarnessFailure(f"{cell.label} cell: {reason}")
+            if r.returncode is None:  # the harness could not start it or keep its logs
+                raise HarnessFailure(f"{cell.label} cell: {reason}")
+            verdict, reason = "skip", f"the script exited {r.returncode} (its own failure): {reason}"
         cell.verdicts.append(verdict)
         cell.reasons.append(reason)
         progress("run", f"  trial {trial + 1}/{args.trials}: {verdict} ({reason[:120]})")
     cell.seconds = round(time.monotonic() - started, 1)
-
-
-def _folder(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _crash_site(text: str, signature: str):
@@ -570,7 +681,24 @@ def questions(issue: Issue) -> list[str]:
     ]
 
 
+def _fence(code: str) -> str:
+    longest = max((len(m) for m in re.findall(r"`{3,}", code)), default=2)
+    return "`" * max(3, longest + 1)
+
+
+def _redact(text: str) -> str:
+    """No secret of this process's environment in a comment meant to be pasted publicly."""
+    for name, value in os.environ.items():
+        if value and len(value) >= 8 and re.search(r"TOKEN|SECRET|PASSWORD|KEY", name):
+            text = text.replace(value, f"[{name}]")
+    return text
+
+
 def comment(t: dict) -> str:
+    return _redact(_comment(t))
+
+
+def _comment(t: dict) -> str:
     lines = [f"**Triage:** {t['status']}", ""]
     if t.get("refused"):
         lines += ["The script was not run: it could reach outside its sandbox.", "",
@@ -587,8 +715,9 @@ def comment(t: dict) -> str:
         how.append("- Versions stated: " + "; ".join(t["versions_said"]["from"]))
     lines += ["How it was run:", "", *how, ""]
     if t.get("port_diff"):
+        fence = _fence(t["port_diff"])
         lines += ["<details><summary>CPU port (" + ", ".join(t["port_changes"]) + ")</summary>", "",
-                  "```diff", t["port_diff"].rstrip(), "```", "", "</details>", ""]
+                  f"{fence}diff", t["port_diff"].rstrip(), fence, "", "</details>", ""]
     if t.get("cells"):
         lines += ["| cell | Lightning | torch | reproduced | how the runs ended |", "|---|---|---|---|---|"]
         for c in t["cells"]:
@@ -604,8 +733,9 @@ def comment(t: dict) -> str:
                   *[f"- `{f}`" for f in t["frames"][:12]], ""]
     m = t.get("minimized")
     if m and m.get("lines"):
-        lines += [f"<details><summary>Minimized repro ({m['lines']} lines)</summary>", "", "```python",
-                  m["code"].rstrip(), "```", "", "</details>", ""]
+        fence = _fence(m["code"])
+        lines += [f"<details><summary>Minimized repro ({m['lines']} lines)</summary>", "", f"{fence}python",
+                  m["code"].rstrip(), fence, "", "</details>", ""]
     if t.get("questions"):
         lines += ["Questions:", "", *[f"- {q}" for q in t["questions"]], ""]
     lines += [f"Reproduce with: `nox -s triage -- {t['input']}`", "",
@@ -700,8 +830,9 @@ def triage(args) -> dict:
     if not args.allow_network and not sandbox_works():
         raise BadInput("this machine cannot make the sandbox (a network namespace: unshare --net); "
                        "run with --allow-network to run the script without it")
-    t["sandbox"] = ("none (--allow-network)" if args.allow_network else
-                    "a network namespace with only loopback, a throwaway HOME, TMPDIR and folder")
+    t["sandbox"] = ("the machine's network and files, a throwaway HOME, TMPDIR and folder (--allow-network)"
+                    if args.allow_network else "new user, network, mount and process namespaces: only "
+                    "loopback, a read-only file system but a throwaway HOME, TMPDIR and folder")
     code, changes, diff = cpu_port(script.code)
     t.update(port_changes=changes, port_diff=diff)
     path = out / "script.py"
@@ -721,7 +852,7 @@ def triage(args) -> dict:
     with Launcher() as launcher:
         for cell in cells:
             run_cell(cell, path, args, out, launcher, site)
-            t["cells"] = [{**asdict(c), "rate": c.rate} for c in cells]
+            t["cells"] = [{**asdict(c), "python": str(c.python), "rate": c.rate} for c in cells]
             _save(t, out)
     new = cells[-1]
     old = cells[0] if len(cells) > 1 else None
@@ -734,13 +865,16 @@ def triage(args) -> dict:
             oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
             t["bisect"] = bisect(path, args, out, oldest, package)
             t["status"] += "; " + _bisect_status(t["bisect"])
-        python = Path(envs.ENVS / f"{package}-{new.lightning}-torch{new.torch}" / "bin" / "python")
-        t["minimized"] = minimize(path, args, out, python) if python.exists() else None
+        t["minimized"] = minimize(path, args, out, new.python) if new.python else None
     elif old is not None and old.bad:
         t["status"] = (f"reproduced {old.rate} on the reporter's {old.lightning} + torch {old.torch}, "
                        f"not on {where} ({new.rate}): fixed since; the fix was not bisected")
+    elif not any(c.tested for c in cells):
+        why = next((r for c in cells for r in c.reasons), "no run ended")
+        t["status"] = f"could not test: every run ended without a verdict ({why[:160]})"
+        t["questions"] = questions(issue)
     else:
-        t["status"] = f"did not reproduce: {' , '.join(f'{c.rate} on {c.lightning}' for c in cells)}"
+        t["status"] = f"did not reproduce: {', '.join(f'{c.rate} on {c.lightning}' for c in cells)}"
         t["questions"] = questions(issue)
     return _finish(t, out)
 
@@ -780,7 +914,12 @@ def _finish(t: dict, out: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    triage(args)
+    try:
+        triage(args)
+    except (contract.Failure, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001  (a crash of the triage itself: never a verdict)
+        raise HarnessFailure(f"{type(err).__name__}: {err}") from err
     return 0
 
 
