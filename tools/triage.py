@@ -663,7 +663,12 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     proc = subprocess.run(cmd, cwd=ROOT)
     result = target / "minimized.py"
     if proc.returncode == 0 and result.is_file():
-        return {"lines": len(result.read_text().splitlines()), "code": result.read_text()}
+        from tools.minimize import size
+
+        lines, before = size({"m": result.read_text()})[0], size({"s": script.read_text()})[0]
+        if lines < before:  # only a smaller one goes in the comment
+            return {"lines": lines, "of": before, "code": result.read_text()}
+        return {"exit": 0, "lines": None, "why": f"not smaller ({lines} of {before} lines)"}
     return {"exit": proc.returncode, "lines": None}
 
 
@@ -695,7 +700,17 @@ def _redact(text: str) -> str:
 
 
 def comment(t: dict) -> str:
-    return _redact(_comment(t))
+    return _redact(_public(_comment(t), t))
+
+
+def _public(text: str, t: dict) -> str:
+    """No path of this machine in a comment: the results folder as the workspace names it, the
+    Lightning checkout as ``$LIGHTNING_REPO``."""
+    if t.get("repo"):
+        text = text.replace(str(t["repo"]), "$LIGHTNING_REPO")
+    if t.get("out"):
+        text = text.replace(str(t["out"]), f"results/triage/{t['id']}")
+    return text.replace(f"{ROOT}{os.sep}", "")
 
 
 def _comment(t: dict) -> str:
@@ -734,7 +749,8 @@ def _comment(t: dict) -> str:
     m = t.get("minimized")
     if m and m.get("lines"):
         fence = _fence(m["code"])
-        lines += [f"<details><summary>Minimized repro ({m['lines']} lines)</summary>", "", f"{fence}python",
+        lines += [f"<details><summary>Minimized repro ({m['lines']} of {m.get('of', '?')} lines, bad in 3/3 fresh "
+                  "runs)</summary>", "", f"{fence}python",
                   m["code"].rstrip(), fence, "", "</details>", ""]
     if t.get("questions"):
         lines += ["Questions:", "", *[f"- {q}" for q in t["questions"]], ""]
@@ -787,7 +803,8 @@ def triage(args) -> dict:
     tbs = tracebacks(text)
     said = stated_versions(issue)
     t: dict = {"input": args.issue, "id": issue.id, "title": issue.title, "url": issue.url,
-               "versions_said": said, "tracebacks": tbs, "sandbox": None}
+               "versions_said": said, "tracebacks": tbs, "sandbox": None, "out": str(out.resolve()),
+               "repo": args.repo}
     progress("read", f"{issue.title!r}: {'a script' if script else 'no script'}, {len(tbs)} traceback(s), "
                      f"versions said: Lightning {said['lightning'] or '?'}, torch {said['torch'] or '?'}")
     signature, site, why = args.signature, None, None
