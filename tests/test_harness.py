@@ -1,5 +1,7 @@
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -171,3 +173,25 @@ def test_a_daemon_the_run_starts_is_killed_and_reported(tmp_path):
     daemon = int(pidfile.read_text())
     assert r.verdict == "good" and r.leftovers == [daemon]
     assert not alive(daemon)
+
+
+def test_a_harness_started_in_the_background_still_gives_its_runs_ctrl_c(tmp_path):
+    """``nox ... &`` starts the harness with SIGINT ignored, and its children would inherit that:
+    a repro of Ctrl-C (it sends itself SIGINT) would then run on as if the bug were gone."""
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "sys.path.insert(0, '.'); from tools import harness\n"
+            "r = harness.run([sys.executable, '-c', 'import os, signal, time; os.kill(os.getpid(), "
+            "signal.SIGINT); time.sleep(5); print(\"ignored\")'], timeout=60)\n"
+            "print(r.returncode)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert out.strip().splitlines()[-1] == str(-signal.SIGINT)
+
+
+def test_a_program_started_in_the_background_still_stops_on_sigint(tmp_path):
+    code = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "sys.path.insert(0, '.'); from tools import contract\n"
+            "def main(argv):\n    import os; os.kill(os.getpid(), signal.SIGINT); time.sleep(5); return 0\n"
+            "sys.exit(contract.run_main(main, []))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr.strip()) == (130, "interrupted")

@@ -244,6 +244,9 @@ def run_main(main, argv=None, interrupted: str = "interrupted") -> int:
     Ctrl-C and SIGTERM as exit 130 after cleanup (both unwind through the program's ``finally``
     blocks, so the harness kills the run it supervises)."""
     signal.signal(signal.SIGTERM, _terminate)
+    # started in the background by a shell (``cmd &``) a program inherits SIGINT ignored: Ctrl-C
+    # and ``kill -INT`` must still stop it and clean up
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main(argv)
     except Failure as err:

@@ -184,7 +184,7 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env=child_env, cwd=cwd, start_new_session=True)
+                                env=child_env, cwd=cwd, start_new_session=True, preexec_fn=_default_signals)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       signature=signature, stop=stop)
@@ -221,6 +221,14 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       signature=signature)
+
+
+def _default_signals() -> None:
+    """In a new run, between fork and exec: SIGINT and SIGQUIT as a terminal's program has them.
+    A harness started in the background (``nox ... &``) inherits them ignored, and a repro of
+    Ctrl-C (``os.kill(pid, SIGINT)``) would then never see its signal: a wrong verdict."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:

@@ -749,8 +749,8 @@ def _comment(t: dict) -> str:
     m = t.get("minimized")
     if m and m.get("lines"):
         fence = _fence(m["code"])
-        lines += [f"<details><summary>Minimized repro ({m['lines']} of {m.get('of', '?')} lines, bad in 3/3 fresh "
-                  "runs)</summary>", "", f"{fence}python",
+        lines += [f"<details><summary>Minimized repro ({m['lines']} of {m.get('of', '?')} lines, bad in "
+                  "3/3 fresh runs)</summary>", "", f"{fence}python",
                   m["code"].rstrip(), fence, "", "</details>", ""]
     if t.get("questions"):
         lines += ["Questions:", "", *[f"- {q}" for q in t["questions"]], ""]
