@@ -22,13 +22,16 @@ INJECT = ROOT / "tools" / "inject"
 def fit(python: str, model: str, checked: bool) -> tuple[float, dict | None]:
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
+        report = Path(tmp) / "replicas"
         if checked:
             env.update(PYTHONPATH=str(INJECT), WORKSPACE_CHECK_REPLICAS="epoch",
                        WORKSPACE_CHECK_REPLICAS_REPORT=str(report))
         out = subprocess.run([python, str(ROOT / "bench" / "replica_fit.py"), "--model", model],
                              env=env, capture_output=True, text=True, check=True).stdout
-        said = json.loads(report.read_text()) if checked else None
+        said = None
+        if checked:  # one report per process that checked: rank 0's
+            reports = [json.loads(f.read_text()) for f in report.glob("*.json")]
+            said = next(r for r in reports if r.get("rank") == 0)
     return float(re.search(r"fit_seconds=([\d.]+)", out).group(1)), said
 
 
