@@ -183,8 +183,9 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     a user's own script that prints no verdict line)."""
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
+        _take_sigint_back()
         return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env=child_env, cwd=cwd, start_new_session=True, preexec_fn=_default_signals)
+                                env=child_env, cwd=cwd, start_new_session=True)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       signature=signature, stop=stop)
@@ -223,12 +224,17 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
                       signature=signature)
 
 
-def _default_signals() -> None:
-    """In a new run, between fork and exec: SIGINT and SIGQUIT as a terminal's program has them.
-    A harness started in the background (``nox ... &``) inherits them ignored, and a repro of
-    Ctrl-C (``os.kill(pid, SIGINT)``) would then never see its signal: a wrong verdict."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+def _take_sigint_back() -> None:
+    """A harness started in the background (``nox ... &``) inherits SIGINT ignored, and its runs
+    would inherit that through exec: a repro of Ctrl-C (``os.kill(pid, SIGINT)``) would never
+    see its signal, a wrong verdict. So this process takes SIGINT back (Python's own handler,
+    which a new program gets as the default). Not with ``preexec_fn``: that forks with the
+    at-fork handlers (logging's), and a signal landing in one of them is swallowed."""
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
