@@ -171,11 +171,50 @@ def test_resume_repeats_no_step_and_interrupt_records_nothing(tmp_path):
     assert b.run(0, 15).first_bad == "c7" and again == []
 
 
+def test_a_fix_bisect_names_the_first_candidate_without_the_bug():
+    n = 100
+    codes = {f"c{i:03}": (1 if 20 <= i < 71 else 0) for i in range(n)}  # the bug came, then went
+    b, calls = engine(codes)
+    b.fix = True
+    out = b.run(30, n - 1)
+    # the engine's "bad" is the new state: fixed; its "good", the old one: the bug is there
+    assert (out.status, out.first_bad, out.last_good) == ("found", "c071", "c070")
+    assert len(calls) <= math.ceil(math.log2(n)) + 2
+    assert out.ends["good"]["bad"] == 1 and out.ends["bad"]["bad"] == 0  # the bug seen at the old end
+
+
+def test_a_fix_bisect_checks_its_ends_in_its_own_words():
+    codes = {f"c{i}": 1 for i in range(10)}  # never fixed
+    b, _ = engine(codes)
+    b.fix = True
+    with pytest.raises(bisect.contract.BadInput, match="the fixed end c9 still shows the bug"):
+        b.run(2, 9)
+    codes = {f"c{i}": 0 for i in range(10)}  # the bug never shows
+    b, _ = engine(codes)
+    b.fix = True
+    with pytest.raises(bisect.contract.BadInput, match="the end with the bug c2 does not show the bug"):
+        b.run(2, 9)
+
+
+def test_a_fix_bisect_and_a_regression_bisect_share_their_verdicts(tmp_path):
+    codes = {f"c{i:02}": (1 if 4 <= i < 12 else 0) for i in range(16)}
+    b, first = engine(codes, tmp_path)
+    assert b.run(0, 8).first_bad == "c04"  # the regression
+    b, second = engine(codes, tmp_path)
+    b.fix = True
+    out = b.run(8, 15)  # the fix, from the same bad end
+    assert out.first_bad == "c12"
+    assert "c08" not in second  # the repro's own verdict, cached once, read in the fix's terms
+    assert [s.verdict for s in out.steps if s.candidate == "c08"] == ["good"]
+
+
 # -- commit tier on a synthetic repository ------------------------------------------------------
 
-def make_repo(path: Path, needs_dep_from: int | None = None) -> tuple[git.Repo, list[str]]:
+def make_repo(path: Path, needs_dep_from: int | None = None,
+              fixed_at: int | None = None) -> tuple[git.Repo, list[str]]:
     """A tiny 'lightning' with 12 merged PRs: #103 breaks the import, #107 brings the bug (and,
-    with ``needs_dep_from``, that PR and the later ones import a new dependency ``newdep``)."""
+    with ``needs_dep_from``, that PR and the later ones import a new dependency ``newdep``; with
+    ``fixed_at``, that PR fixes the bug)."""
     repo = git.Repo.init(path, initial_branch="master")
     with repo.config_writer() as cw:
         cw.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
@@ -186,7 +225,7 @@ def make_repo(path: Path, needs_dep_from: int | None = None) -> tuple[git.Repo, 
     (path / "docs").mkdir()
     shas = []
     for i in range(12):
-        bug = i >= 7
+        bug = i >= 7 and (fixed_at is None or i < fixed_at)
         body = "syntax error(" if i == 3 else f"BUG = {bug}\nclass Trainer: pass\n"
         if needs_dep_from is not None and i >= needs_dep_from:
             body = "import newdep  # noqa: F401\n" + body
@@ -269,6 +308,42 @@ def test_commits_run_on_a_release_environment_and_fall_back_to_their_own_require
         assert step["verdict"] != "skip" or step["candidate"] == shas[3]
     assert any(name.startswith("pytorch-lightning-") for name in made)  # a release's, first
     assert "could not import there and ran on their own requirements" in data["how"]
+
+
+def test_find_fix_names_the_commit_that_fixed_the_bug(tmp_path, no_envs, monkeypatch):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = make_repo(tmp_path / "lightning", fixed_at=10)
+    assert cli(tmp_path, repo.working_dir, "--find-fix", "--bad", shas[8], "--good", "master") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["find_fix"] and data["commits"]["outcome"]["first_bad"] == shas[10]
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "First fixed commit (the fix)" in text and "change 10 (#110)" in text
+    assert "change 9 (#109) | with the bug |" in text
+    # the other way round is bad input, in the fix's own words
+    assert cli(tmp_path, repo.working_dir, "--find-fix", "--bad", "master", "--good", shas[8]) == 2
+
+
+def test_find_fix_over_releases(tmp_path, monkeypatch, capsys):
+    names = [f"1.{i}.0" for i in range(10)]
+    buggy = {"1.2.0", "1.3.0", "1.4.0", "1.5.0"}
+    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_cli, "release_predicate",
+                        lambda args, out: lambda c: (1 if c in buggy else 0, "sig"))
+
+    def run(*args):
+        return bisect_cli.main(["--tier", "releases", "--find-fix", "--state", str(tmp_path / "s.json"),
+                                "--out", str(tmp_path / "out"), *args])
+
+    assert run("--bad", "1.3.0") == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "First fixed pytorch-lightning release: **1.6.0** (the last with the bug: 1.5.0)" in text
+    assert "| 1.6.0 | fixed |" in text and "| 1.5.0 | with the bug |" in text
+    buggy.clear()  # the bug in no release: searched back from the newest, nothing to fix
+    assert run("--state", str(tmp_path / "other.json")) == 3
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "The bug showed in no pytorch-lightning release tested" in text
+    assert run("--bad", "1.5.0", "--good", "1.2.0") == 2
+    assert "--bad (with the bug) must be older than --good" in capsys.readouterr().err
 
 
 def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_envs, monkeypatch):

@@ -153,17 +153,44 @@ def run_triage(tmp_path, *args) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def test_a_traceback_without_a_script_gets_its_frames_and_the_questions(tmp_path):
-    code, out, err = run_triage(tmp_path, str(ISSUES / "traceback_only.md"))
-    assert code == 0, err
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_a_traceback_without_a_script_is_matched_to_a_known_bug_and_its_repro_run(tmp_path):
+    """The report of a #20706-like crash, with no script: its frames, the workspace's own #20706
+    repro run in the stated versions (set to the newest here, whose environment is the CPU
+    build), that bug's questions."""
+    report = tmp_path / "crash.md"
+    report.write_text((ISSUES / "traceback_only.md").read_text().replace("v2.5", "v2.6").replace(
+        "Lightning Version: 2.5.0", "Lightning Version: 2.6.6").replace(
+        "PyTorch Version: 2.6.0", "PyTorch Version: 2.13.0"))
+    code, out, err = run_triage(tmp_path, str(report), "--trials", "1")
+    assert code == 0, err[-3000:]
     comment = (tmp_path / "out" / "comment.md").read_text()
     first = comment.splitlines()[0]
     assert first.startswith("**Triage:** no runnable script in the report; 2 Lightning/torch frames")
+    assert first.endswith("it matches #20706 (the workspace's repro `20706-stress`): bad 1/1 on "
+                          "pytorch-lightning 2.6.6 + torch 2.13.0"), first
     assert "`torch:nn/parallel/distributed.py:263`" in comment
-    assert "Questions:" in comment and "self-contained script" in comment
+    assert "Questions:" in comment and "_DDPSink" in comment  # #20706's own questions
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["signature"].startswith("AttributeError: ")
-    assert data["versions_said"]["lightning"] == "2.5.0"
+    assert data["known_cell"]["versions"] == "stated"
+    (row,) = data["known"]
+    assert row["verdicts"] == ["bad"] and "'reducer' in" in row["reasons"][0]
+
+
+def test_a_traceback_of_a_bug_the_workspace_does_not_know_gets_the_template_questions(tmp_path):
+    report = tmp_path / "other.md"
+    report.write_text((ISSUES / "traceback_only.md").read_text().replace(
+        "'NoneType' object has no attribute 'reducer'", "'NoneType' object has no attribute 'bucket'"))
+    code, out, err = run_triage(tmp_path, str(report))
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.splitlines()[0].endswith("signature `AttributeError: ['\"]NoneType['\"]\\ object\\ "
+                                            "has\\ no\\ attribute\\ ['\"]bucket['\"]`")
+    assert "Questions:" in comment and "self-contained script" in comment
+    assert "known" not in json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert not (tmp_path / "out" / "logs").exists()  # nothing ran
 
 
 def test_a_script_that_downloads_is_reported_not_run(tmp_path):
@@ -248,13 +275,13 @@ def test_an_issue_url_is_read_through_the_api_and_then_works_offline(tmp_path, m
 def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replica_check(tmp_path):
     """The #20340-style report (a GPU script, no exception, "drift" in the text), its version
     set to the newest so one cell runs: ported to the CPU, the replica check turned on by the
-    text, reproduced in the sandbox."""
+    text, reproduced in the sandbox, and known as #20340: the series' fix makes it good."""
     text = (ISSUES / "drift_after_unfreeze.md").read_text().replace("v2.5", "v2.6").replace(
         "Version: 2.5.0", "Version: 2.6.6")
     report = tmp_path / "drift.md"
     report.write_text(text)
     code, out, err = run_triage(tmp_path, str(report), "--trials", "1", "--no-bisect",
-                                "--minimize-budget", "0")
+                                "--minimize-budget", "0", "--repo", "")  # no master cell
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["check_replicas"] == "epoch" and data["signature"] is None
@@ -263,8 +290,42 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     assert (cell["lightning"], cell["torch"], cell["verdicts"]) == ("2.6.6", "2.13.0", ["bad"]), cell
     assert cell["reasons"][0].startswith("replicas diverged at step 12 (epoch 2)")
     comment = (tmp_path / "out" / "comment.md").read_text()
+    # the replica check's line is what #20340's repro is known by: the series' fix is tried on the
+    # reporter's own script, without and with the patches, in the cell they target
     assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
-                                       "2.13.0 (CPU)")
+                                       "2.13.0 (CPU); it is #20340: bad before, good after with the "
+                                       "series' fix"), comment.splitlines()[0]
+    (known,) = data["known"]
+    assert (known["cell"], known["before"], known["after"]) == ("pl2_6_6_torch2_13_0", "bad", "good")
+    assert "lightning-ddp-rewrap-on-trainable-change.patch" in known["patches"]
+    assert "the reporter's script in `pl2_6_6_torch2_13_0` is bad without and good with" in comment
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+def test_a_bug_fixed_since_the_reporters_release_gets_its_fix_bisected(tmp_path):
+    """A report on 2.5.0 of a crash that a later release fixed: reproduced in the reporter's
+    versions, not in the newest, so the bisect looks for the fix, over real releases (and, with
+    a Lightning checkout in ``LIGHTNING_REPO``, its commits and a master cell)."""
+    code, out, err = run_triage(tmp_path, str(ISSUES / "fixed_later.md"), "--trials", "1",
+                                "--minimize-budget", "0")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert [(c["label"], c["lightning"], c["verdicts"]) for c in data["cells"][:2]] == [
+        ("reporter's", "2.5.0", ["bad"]), ("newest", data["cells"][1]["lightning"], ["good"])]
+    status = data["status"]
+    assert status.startswith("reproduced 1/1 on the reporter's 2.5.0 + torch 2.13.0, not on "
+                             "pytorch-lightning "), status
+    assert "fixed in 2.5.0.post0 (the last with the bug: 2.5.0)" in status, status
+    assert data["bisect"]["find_fix"] and data["bisect"]["releases"]["outcome"]["first_bad"] == "2.5.0.post0"
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert "**Bisect (the fix):**" in comment
+    assert "First fixed pytorch-lightning release: **2.5.0.post0**" in comment
+    if os.environ.get("LIGHTNING_REPO"):  # the fix's commit, upstream's #20514
+        assert "by commit 58a749a1dde8 (#20514)" in status, status
+        master = data["cells"][2]
+        assert master["label"] == "master" and master["verdicts"] == ["good"], master
 
 
 # -- what a cold review found ---------------------------------------------------------------------

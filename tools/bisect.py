@@ -7,6 +7,11 @@ that could not be made is not, and is tried again next time). Final verdicts are
 state file after each completed step, so an interrupted run resumes without repeating one; an
 interrupted step records nothing. Several runs may share one state file: each write merges under
 a lock. Skipped candidates are stepped around as ``git bisect`` does.
+
+With ``fix=True`` it looks for the first candidate *without* the bug after one with it, as
+``git bisect start --term-old=broken --term-new=fixed`` does: the engine's own "good" (the old
+state) is then "the bug is there", and its "bad" (the new state) is "fixed". The cache keeps the
+repro's own verdicts either way, so a fix bisect and a regression bisect share their runs.
 """
 
 from __future__ import annotations
@@ -157,8 +162,10 @@ def trials_for(rate: float, miss: float = 0.01, cap: int = 20) -> int:
 class Bisector:
     def __init__(self, candidates: Sequence[str], test: Callable[[str], tuple[int, str | None]],
                  key: Callable[[str], str], state: State, trials: int = 1,
-                 log: Callable[[str], None] = print, label: Callable[[str], str] = str):
+                 log: Callable[[str], None] = print, label: Callable[[str], str] = str,
+                 fix: bool = False):
         self.candidates = list(candidates)
+        self.fix = fix
         self.label = label
         self.test, self.key, self.state = test, key, state
         self.trials = trials
@@ -175,10 +182,10 @@ class Bisector:
         key = self.key(candidate)
         cached = self.state.get(key)
         if cached and (len(cached["codes"]) >= trials or cached["verdict"] == "bad" and not every):
-            step = Step(candidate, cached["verdict"], cached["codes"], cached["seconds"], True,
+            step = Step(candidate, self.term(cached["verdict"]), cached["codes"], cached["seconds"], True,
                         cached.get("reason"))
             self.steps.append(step)
-            self.log(f"  {self.label(candidate)}: {step.verdict} (cached)")
+            self.log(f"  {self.label(candidate)}: {self.said(step.verdict)} (cached)")
             return step.verdict
         codes, reasons, start, final = [], [], time.monotonic(), True
         for _ in range(trials):
@@ -197,10 +204,32 @@ class Bisector:
                                  "reason": reason})
         elif verdict == "skip":
             reason = f"{reason} (not cached: tried again next time)"
+        verdict = self.term(verdict)
         self.steps.append(Step(candidate, verdict, codes, seconds, False, reason))
-        self.log(f"  {self.label(candidate)}: {verdict} ({seconds:.0f} s)"
+        self.log(f"  {self.label(candidate)}: {self.said(verdict)} ({seconds:.0f} s)"
                  f"{f' - {reason}' if reason else ''}")
         return verdict
+
+    def term(self, verdict: str) -> str:
+        """The repro's verdict (bad: the bug seen) as the engine's term: swapped in a fix bisect."""
+        if self.fix and verdict in ("good", "bad"):
+            return "bad" if verdict == "good" else "good"
+        return verdict
+
+    @property
+    def words(self) -> dict[str, str]:
+        """The engine's terms (the old state, the new state) as the user reads them."""
+        return {"good": "with the bug", "bad": "fixed"} if self.fix else {"good": "good", "bad": "bad"}
+
+    def said(self, verdict: str) -> str:
+        """The engine's term in the user's words."""
+        return self.words.get(verdict, verdict)
+
+    def end(self, which: str) -> str:
+        """An end by the engine's term, in the user's words: "the bad end", "the end with the bug"."""
+        if not self.fix:
+            return f"{which} end"
+        return "end with the bug" if which == "good" else "fixed end"
 
     def run_once(self, candidate: str) -> tuple[int, str | None, bool]:
         answer = self.test(candidate)
@@ -303,7 +332,7 @@ class Bisector:
     def _end(self, index: int, want: str) -> tuple[str, dict]:
         """Verify one end with every trial run: its verdict and its rate for the report."""
         candidate = self.candidates[index]
-        self.log(f"[verify] {want} end {self.label(candidate)}")
+        self.log(f"[verify] {want} {self.label(candidate)}")
         verdict = self.verdict(candidate, every=True)
         codes = self.steps[-1].codes
         return verdict, {"candidate": candidate, "bad": codes.count(contract.BAD), "runs": len(codes)}
@@ -312,14 +341,16 @@ class Bisector:
         """Verify the ends (or search for a good one), then bisect. An end that cannot be tested
         (its environment cannot be made, it crashes otherwise) is no verdict on the bug: the
         outcome is then "untestable", with the reason."""
-        verdict, bad_end = self._end(bad, "bad")
+        new, old = self.end("bad"), self.end("good")
+        verdict, bad_end = self._end(bad, new)
         if verdict == "skip":
             return self._finish(Outcome("untestable", self.candidates[bad], None, [], self.steps,
-                                        why=f"the bad end {self.candidates[bad]} could not be "
+                                        why=f"the {new} {self.candidates[bad]} could not be "
                                             f"tested{self._why()}"), {"bad": bad_end})
         if verdict != "bad":
-            raise contract.BadInput(f"the bad end {self.candidates[bad]} does not show the bug "
-                                    f"({self.steps[-1].verdict}{self._why()})")
+            shown = "still shows the bug" if self.fix else "does not show the bug"
+            raise contract.BadInput(f"the {new} {self.candidates[bad]} {shown} "
+                                    f"({self.said(self.steps[-1].verdict)}{self._why()})")
         ends, searched = {"bad": bad_end}, False
         if good is None:
             good, bad = self.search_good(bad)
@@ -332,18 +363,20 @@ class Bisector:
                             f"{len(tally['untestable'])} could not run"), ends)
                 return self._finish(Outcome("no-good", self.candidates[bad], None, [], self.steps,
                                             bad + 1), ends)
-            ends["good"] = {"candidate": self.candidates[good], "bad": 0,
-                            "runs": len(self.steps_of(self.candidates[good])[-1].codes)}
+            codes = self.steps_of(self.candidates[good])[-1].codes
+            ends["good"] = {"candidate": self.candidates[good], "bad": codes.count(contract.BAD),
+                            "runs": len(codes)}
             searched = True
         else:
-            verdict, ends["good"] = self._end(good, "good")
+            verdict, ends["good"] = self._end(good, old)
             if verdict == "skip":
                 return self._finish(Outcome("untestable", self.candidates[bad], None, [], self.steps,
-                                            why=f"the good end {self.candidates[good]} could not "
+                                            why=f"the {old} {self.candidates[good]} could not "
                                                 f"be tested{self._why()}"), ends)
             if verdict != "good":
-                raise contract.BadInput(f"the good end {self.candidates[good]} is not good "
-                                        f"({self.steps[-1].verdict}{self._why()})")
+                shown = "does not show the bug" if self.fix else "is not good"
+                raise contract.BadInput(f"the {old} {self.candidates[good]} {shown} "
+                                        f"({self.said(self.steps[-1].verdict)}{self._why()})")
         outcome = self.bisect(good, bad)
         if searched and good > 0 and 0 not in self._index_verdicts():
             # the search stopped at the first good candidate it met: one look at the oldest tells
@@ -363,8 +396,9 @@ class Bisector:
         later = [i for i, v in sorted(seen.items()) if v == "good" and bads and i > bads[0]]
         if later:  # the oldest bad, and the good ones newer than it
             more = f" (and {len(later) - 1} more)" if len(later) > 1 else ""
-            outcome.non_monotonic.append(f"good at {self.label(self.candidates[later[0]])}{more}, "
-                                         f"newer than bad {self.label(self.candidates[bads[0]])}")
+            outcome.non_monotonic.append(
+                f"{self.words['good']} at {self.label(self.candidates[later[0]])}{more}, newer than "
+                f"{self.words['bad']} {self.label(self.candidates[bads[0]])}")
         return outcome
 
     def _why(self) -> str:

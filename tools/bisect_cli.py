@@ -2,8 +2,14 @@
 
     nox -s bisect -- [options] [-- repro options]
 
-Exit codes: 0 a first bad release/commit was found, 3 no good boundary ("never worked": every
-candidate tested was bad), 4 ambiguous (the first bad is among candidates that could not be
+With ``--find-fix`` it looks for where a bug went away instead: ``--bad`` is a release (or ref)
+with the bug, ``--good`` one without it (default: the newest release), and the answer is the
+first fixed release, then the commit that fixed it. The verdict cache is shared with regression
+bisects: the same repro in the same environment is not run twice.
+
+Exit codes: 0 a first bad release/commit (the fix, with ``--find-fix``) was found, 3 no good
+boundary ("never worked": every candidate tested was bad; with ``--find-fix``: no candidate
+tested showed the bug), 4 ambiguous (the first bad is among candidates that could not be
 tested), 5 untestable (an end, or every candidate that could be good, could not be tested: no
 verdict on the bug), 2 bad input, 128 a harness failure, 130 interrupted.
 """
@@ -71,6 +77,7 @@ class Config:
     extra: tuple[str, ...] = ()  # --with: what the repro needs besides Lightning and torch
     check_replicas: str | None = None  # --check-replicas: the replica check's interval
     sandbox: bool = False  # --sandbox: untrusted code (a triaged issue's script)
+    find_fix: bool = False  # --find-fix: the first release/commit without the bug after one with it
 
     @property
     def repro_text(self) -> str:
@@ -107,8 +114,12 @@ def parse_args(argv) -> Config:
     p.add_argument("--package", choices=("pytorch-lightning", "lightning"),
                    default="pytorch-lightning")
     p.add_argument("--good", help="release (or, with --tier commits, git ref) without the bug; "
-                                  "omitted: search backwards")
-    p.add_argument("--bad", help="release or git ref with the bug (default: the newest release)")
+                                  "omitted: search backwards (with --find-fix: the newest release)")
+    p.add_argument("--bad", help="release or git ref with the bug (default: the newest release; "
+                                 "with --find-fix: omitted, search backwards from --good)")
+    p.add_argument("--find-fix", action="store_true",
+                   help="find where the bug went away: the first release, then commit, without it "
+                        "after --bad")
     p.add_argument("--oldest", default="1.9.5", help="search back no further than this release")
     p.add_argument("--torch", default="auto",
                    help="torch for Lightning candidates (auto: the newest out at each one's date)")
@@ -163,6 +174,8 @@ def parse_args(argv) -> Config:
         raise BadInput("--axis torch needs --lightning VERSION")
     if args.tier == "commits" and not (args.good and args.bad):
         raise BadInput("a commit bisect needs --good and --bad refs")
+    if args.find_fix and args.axis == "torch":
+        raise BadInput("--find-fix bisects Lightning (--axis lightning)")
     from packaging.requirements import InvalidRequirement, Requirement
 
     for requirement in args.extra:
@@ -175,7 +188,7 @@ def parse_args(argv) -> Config:
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
-                  args.check_replicas, args.sandbox)
+                  args.check_replicas, args.sandbox, args.find_fix)
 
 
 # -- predicates ----------------------------------------------------------------------------
@@ -309,6 +322,12 @@ def release_ends(cfg: Config) -> tuple[list[str], int | None, int]:
         if v not in names:
             raise BadInput(f"unknown or uninstallable release {v!r} (candidates: "
                            f"{names[0]} .. {names[-1]})")
+    if cfg.find_fix:  # the engine's old state is "the bug is there", its new state "fixed"
+        bad = names.index(cfg.good) if cfg.good else len(names) - 1
+        good = names.index(cfg.bad) if cfg.bad else None
+        if good is not None and good >= bad:
+            raise BadInput("with --find-fix, --bad (with the bug) must be older than --good (fixed)")
+        return names, good, bad
     bad = names.index(cfg.bad) if cfg.bad else len(names) - 1
     good = names.index(cfg.good) if cfg.good else None
     if good is not None and good >= bad:
@@ -319,8 +338,12 @@ def release_ends(cfg: Config) -> tuple[list[str], int | None, int]:
 def release_tier(cfg: Config, ends, log, out: Path) -> tuple[Outcome, list[str], Bisector]:
     names, good, bad = ends
     b = Bisector(names, release_predicate(cfg, out), lambda c: release_key(cfg, c),
-                 State(cfg.state), 1, log)
-    b.trials = b.auto_trials(names[bad]) if cfg.trials == "auto" else cfg.trials
+                 State(cfg.state), 1, log, fix=cfg.find_fix)
+    # the rate is measured where the bug shows: the old end of a fix bisect
+    at = names[good if cfg.find_fix and good is not None else bad]
+    if cfg.trials == "auto" and cfg.find_fix and good is None:
+        raise BadInput("--find-fix --trials auto needs --bad (a release with the bug) to measure its rate")
+    b.trials = b.auto_trials(at) if cfg.trials == "auto" else cfg.trials
     return b.run(good, bad), names, b
 
 
@@ -409,8 +432,9 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
         return f"{cfg.repro_key}|commit {sha}|torch=={torch}{on}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
     b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
-                 label=lambda sha: by_sha[sha].label)
-    b.trials = b.auto_trials(candidates[-1].sha) if cfg.trials == "auto" else cfg.trials
+                 label=lambda sha: by_sha[sha].label, fix=cfg.find_fix)
+    at = candidates[0 if cfg.find_fix else -1].sha  # where the bug shows
+    b.trials = b.auto_trials(at) if cfg.trials == "auto" else cfg.trials
     outcome = b.run(0, len(candidates) - 1)
     base_note = ENV_NOTES.get(env_name(cfg.package, base, torch, cfg.extra), "made by an earlier run")
     how = (f"each commit's source (not installed) on the environment of {cfg.package} {base} with "
@@ -430,14 +454,19 @@ def github(source: str | None) -> str | None:
     return src.removesuffix(".git") if src.startswith("https://github.com/") else gitrange.UPSTREAM
 
 
-def tier_facts(o: Outcome, label, what: str) -> list[str]:
+def end_name(end: str, words: dict) -> str:
+    """An end by the engine's term in the report's words: "bad end", "end with the bug"."""
+    return "end with the bug" if words[end] == "with the bug" else f"{words[end]} end"
+
+
+def tier_facts(o: Outcome, label, what: str, words: dict) -> list[str]:
     """What every report says of a tier: the tally, the order of the verdicts, the ends' rates."""
     tally = o.tally()
     reasons = {}
     for s in o.steps:
         if s.candidate in tally["untestable"] and s.reason:
             reasons[label(s.candidate)] = s.reason
-    lines = [f"- {what} tested: {len(tally['good'])} good, {len(tally['bad'])} bad, "
+    lines = [f"- {what} tested: {len(tally['good'])} {words['good']}, {len(tally['bad'])} {words['bad']}, "
              f"{len(tally['untestable'])} could not be tested"
              + (":" if reasons else ".")]
     lines += [f"  - {name}: {reason[:200]}" for name, reason in reasons.items()]
@@ -445,40 +474,50 @@ def tier_facts(o: Outcome, label, what: str) -> list[str]:
         lines.append("- **Not monotonic**: " + "; ".join(o.non_monotonic) + ". The bug comes and "
                      "goes in this range: the boundary named is the one nearest the bad end.")
     elif len(tally["good"]) + len(tally["bad"]) > 1:
-        lines.append("- Monotonic over what was tested: every good candidate is older than every "
-                     "bad one.")
+        lines.append(f"- Monotonic over what was tested: every candidate {words['good']} is older "
+                     f"than every one {words['bad']}.")
     for end in ("bad", "good"):
         e = o.ends.get(end)
         if e:
-            lines.append(f"- Reproduction rate at the {end} end {label(e['candidate'])}: the bug "
+            lines.append(f"- Reproduction rate at the {end_name(end, words)} {label(e['candidate'])}: "
+                         "the bug "
                          f"showed in {e['bad']}/{e['runs']} runs.")
     return lines
 
 
 def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds: float) -> str:
-    lines = ["## Bisect result", ""]
+    lines = ["## Bisect result" + (" (the fix)" if cfg.find_fix else ""), ""]
     cmd = "nox -s bisect -- " + shlex.join(argv)
+    words = {"good": "with the bug", "bad": "fixed"} if cfg.find_fix else {"good": "good", "bad": "bad"}
+    first = "First fixed" if cfg.find_fix else "First bad"
     if release:
         o = release["outcome"]
         what = "torch" if cfg.axis == "torch" else cfg.package
-        if o.status == "no-good":
+        if o.status == "no-good" and cfg.find_fix:
+            lines.append(f"**The bug showed in no {what} release tested** (searched back from "
+                         f"{(o.ends.get('bad') or {}).get('candidate') or cfg.good} to {o.first_bad}, "
+                         f"the oldest tested; --oldest {cfg.oldest}): no fix to find in this range.")
+        elif o.status == "no-good":
             lines.append(f"**Bad in every {what} release tested — not a regression in this range** "
                          f"(searched back from {(o.ends.get('bad') or {}).get('candidate') or cfg.bad} "
                          f"to {o.first_bad}, the oldest tested; --oldest {cfg.oldest}).")
+        elif o.status == "found" and cfg.find_fix:
+            lines.append(f"First fixed {what} release: **{o.first_bad}** (the last with the bug: "
+                         f"{o.last_good}).")
         elif o.status == "found":
             lines.append(f"First bad {what} release: **{o.first_bad}** (last good: {o.last_good}).")
         elif o.status == "untestable":
             lines.append(f"**No answer: {o.why}.** This is no verdict on the bug: the candidates "
                          "below could not be tested.")
         else:
-            lines.append(f"First bad {what} release is one of {', '.join(o.skipped_between)}, "
+            lines.append(f"{first} {what} release is one of {', '.join(o.skipped_between)}, "
                          f"{o.first_bad} (the others could not be tested).")
-        lines += ["", *tier_facts(o, str, f"{what} releases")]
+        lines += ["", *tier_facts(o, str, f"{what} releases", words)]
         for end in ("bad", "good"):
             e = o.ends.get(end)
             if e:
                 name = ENV_OF.get(e["candidate"])
-                lines.append(f"- Environment of the {end} end: " + (
+                lines.append(f"- Environment of the {end_name(end, words)}: " + (
                     f"`{name}`, {ENV_NOTES[name]}." if name in ENV_NOTES else
                     "not made by this run (its verdicts came from the state file)."))
     if commit:
@@ -493,15 +532,17 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
         if o.status == "found":
             c = by_sha[o.first_bad]
             pr = f" — PR [#{c.pr}]({base}/pull/{c.pr})" if c.pr else ""
-            lines.append(f"First bad commit: [`{c.sha[:12]}`]({base}/commit/{c.sha}) "
+            lines.append(f"{first} commit{' (the fix)' if cfg.find_fix else ''}: "
+                         f"[`{c.sha[:12]}`]({base}/commit/{c.sha}) "
                          f"{c.subject}{pr}")
         elif o.status == "untestable":
             lines.append(f"**No commit named: {o.why}.** This is no verdict on the bug.")
         else:
-            lines.append(f"First bad commit is one of: "
+            lines.append(f"{first} commit is one of: "
                          f"{', '.join(s[:12] for s in [*o.skipped_between, o.first_bad])}")
         label = lambda sha: by_sha[sha].label if sha in by_sha else sha  # noqa: E731
-        lines += ["", *tier_facts(o, label, "commits"), f"- How commits ran: {commit['how']}."]
+        lines += ["", *tier_facts(o, label, "commits", words),
+                  f"- How commits ran: {commit['how']}."]
     torch = commit["torch"] if commit else cfg.torch
     lines += ["", f"Repro: `{cfg.repro_text}`" +
               (f", bad when the output matches `/{cfg.signature}/`" if cfg.signature else "") +
@@ -520,7 +561,8 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
     for tier in filter(None, [release, commit]):
         for s in tier["outcome"].steps:
             name = subjects.get(s.candidate, s.candidate).replace("|", "/")
-            lines.append(f"| {name} | {s.verdict} | {len(s.codes)} | {s.seconds:.0f} | "
+            verdict = words.get(s.verdict, s.verdict)
+            lines.append(f"| {name} | {verdict} | {len(s.codes)} | {s.seconds:.0f} | "
                          f"{'yes' if s.cached else ''} | {(s.reason or '').replace('|', '/')[:140]} |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
@@ -574,8 +616,8 @@ def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: f
             outcome, names, b = release_tier(cfg, release_ends_, log, out)
             release = {"outcome": outcome, "candidates": names, "bisector": b}
             status = outcome.status
-        if cfg.tier == "commits":
-            good, bad = cfg.good, cfg.bad
+        if cfg.tier == "commits":  # the engine's old end, then its new end
+            good, bad = (cfg.bad, cfg.good) if cfg.find_fix else (cfg.good, cfg.bad)
         elif status == "found" and cfg.axis == "lightning" and cfg.tier == "both":
             good, bad = release["outcome"].last_good, release["outcome"].first_bad
         else:
@@ -590,7 +632,7 @@ def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: f
     finally:
         close_launcher()
     text = report(cfg, argv, release, commit, time.monotonic() - start)
-    data = {"status": status, "argv": argv, "environments": dict(ENV_NOTES),
+    data = {"status": status, "find_fix": cfg.find_fix, "argv": argv, "environments": dict(ENV_NOTES),
             "seconds": round(time.monotonic() - start, 1),
             "releases": release and {"outcome": release["outcome"].to_dict(),
                                      "trials": release["bisector"].trials,

@@ -31,6 +31,8 @@ class Repro:
     verdict_line: bool = True  # prints the contract's verdict line (else: judged by a --signature)
     preload: bool = True  # the workspace's own: safe to fork from a preloaded runner
     multinode: str | None = None  # how it runs as several nodes: "torchrun" | "self" | None (one node)
+    issue: int | None = None  # the upstream issue it reproduces
+    known_as: str | None = None  # regex: what a report, or a run of a reporter's script, shows of it
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ def load(path: Path | None = None) -> Matrix:
                              f"not {r['multinode']!r}")
     repros = tuple(Repro(r["name"], r["script"], tuple(r.get("args", ())), r.get("expect"),
                          bool(r.get("passthrough")), tuple(r.get("fresh_args", ())),
-                         bool(r.get("verdict_line", True)), multinode=r.get("multinode"))
+                         bool(r.get("verdict_line", True)), multinode=r.get("multinode"),
+                         issue=r.get("issue"), known_as=r.get("known_as"))
                    for r in data.get("repro", []))
     return Matrix(cells, repros)

@@ -19,9 +19,13 @@ understood.
    a diff.
 3. **Reproduce and locate**: ``--trials`` runs in the reporter's versions and in the newest
    release on the newest torch, with the rate; when it reproduces on the newest, a release
-   bisect (``nox -s bisect``), then the commits with ``--repo``/``LIGHTNING_REPO``; a
-   minimization within ``--minimize-budget``. A report with a traceback and no script gets its
-   frames and the questions for the reporter.
+   bisect (``nox -s bisect``), then the commits with ``--repo``/``LIGHTNING_REPO``; when it
+   reproduces on the reporter's versions only, the bisect for the fix (``--find-fix``) on the
+   reporter's torch; a minimization within ``--minimize-budget``. A reproduced report that shows a
+   bug the workspace knows (``known_as`` in ``repro/matrix.toml``) is run again with the series'
+   fix (``nox -s patches -- --script``): bad before, good after. A report with a traceback and no
+   script gets its frames, the workspace's repro of a bug it matches run in the reporter's
+   versions (stated, else fingerprinted), and the questions for the reporter.
 4. **Output**: ``results/triage/<id>/comment.md`` (its first line a status a bot can parse),
    ``triage.json`` (every field), the script as run, logs per run.
 
@@ -374,6 +378,33 @@ def resolve(package: str, version: str | None) -> str | None:
     return series[-1] if series else None
 
 
+def fingerprinted(frames: list, package: str, repo: str | None) -> str | None:
+    """The newest release whose source has every quoted line of the traceback's Lightning frames
+    (``nox -s fingerprint``; a Lightning checkout's tags when one is configured, else wheels)."""
+    from packaging.version import Version
+
+    mine = [f for f in frames if f.package in fingerprint.PACKAGES[package]]
+    versions = fingerprint.releases_since(package, Version("2.0.0"), mine)
+    if not versions:
+        return None
+    if repo:
+        from tools import gitrange
+
+        checkout = gitrange.repo_at(repo)
+        tags = {t.name for t in checkout.tags}
+        versions = [v for v in versions if str(v) in tags]
+        sources = lambda v: fingerprint.GitSources(checkout, str(v))  # noqa: E731
+    else:
+        sources = lambda v: fingerprint.WheelSources(package, v)  # noqa: E731
+    progress("read", f"fingerprinting {len(mine)} {package} frame(s) over {len(versions)} releases")
+    try:
+        found = fingerprint.fingerprint(mine, package, versions, sources, log=lambda m: None)
+    except (OSError, index.UnknownRelease) as err:
+        progress("read", f"  fingerprint failed: {err}")
+        return None
+    return found[-1] if found else None
+
+
 # -- 2. run it safely ---------------------------------------------------------------------------
 
 RISKY_MODULES = {
@@ -567,6 +598,8 @@ class Cell:
     reasons: list[str] = field(default_factory=list)
     seconds: float = 0.0
     python: Path | None = None  # its environment's interpreter, once made
+    source: str | None = None  # a Lightning checkout run from source (master), on ``base``'s environment
+    base: str | None = None
 
     @property
     def bad(self) -> int:
@@ -588,21 +621,23 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
 
     progress("run", f"{cell.label} cell: {cell.package} {cell.lightning} + torch {cell.torch}")
     try:
-        python = bisect_cli.release_env(cell.package, cell.lightning, cell.torch, ())
+        python = bisect_cli.release_env(cell.package, cell.base or cell.lightning, cell.torch, ())
     except envs.EnvError as err:
         cell.verdicts, cell.reasons = ["skip"], [f"environment: {err}"]
         return
     cell.python = python
+    env = bisect_cli.source_env(Path(cell.source)) if cell.source else {}
     started = time.monotonic()
     for trial in range(args.trials):
-        stem = out / "logs" / f"{cell.package}-{cell.lightning}-torch{cell.torch}-{trial + 1}"
-        r = launcher.run(Run((str(script),), python, timeout=args.timeout, signature=args.signature,
+        name = cell.lightning.replace(" ", "-")
+        stem = out / "logs" / f"{cell.package}-{name}-torch{cell.torch}-{trial + 1}"
+        r = launcher.run(Run((str(script),), python, env=env, timeout=args.timeout, signature=args.signature,
                              log_stem=stem, check_replicas=args.check_replicas,
                              sandbox="network" if args.allow_network else True))
         verdict, reason = r.verdict, r.reason or ""
+        logs = [Path(p) for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists()]
+        text = "\n".join(p.read_text(errors="replace")[-200_000:] for p in logs) if verdict == "bad" else ""
         if verdict == "bad" and site is not None:
-            text = "\n".join(Path(p).read_text(errors="replace") for p in (r.stdout_path, r.stderr_path)
-                             if p and Path(p).exists())
             here = _normal(_crash_site(text, args.signature))
             if here != site:
                 verdict, reason = "skip", (f"the signature, but raised elsewhere: {here} (reported: "
@@ -613,8 +648,31 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
             verdict, reason = "skip", f"the script exited {r.returncode} (its own failure): {reason}"
         cell.verdicts.append(verdict)
         cell.reasons.append(reason)
+        if verdict == "bad":
+            SEEN.setdefault(cell.label, text)
         progress("run", f"  trial {trial + 1}/{args.trials}: {verdict} ({reason[:120]})")
     cell.seconds = round(time.monotonic() - started, 1)
+
+
+SEEN: dict[str, str] = {}  # a cell's label -> the output of its first bad run (for known bugs)
+
+
+def master_cell(args, package: str, newest: str) -> Cell | None:
+    """Lightning's master of the configured checkout, its source on the newest release's
+    environment (as the commit bisect runs commits); None without a checkout."""
+    if not args.repo:
+        return None
+    from tools import bisect_cli, gitrange
+
+    try:
+        repo = gitrange.open_repo(args.repo, bisect_cli.CACHE / "repos", log=lambda m: progress("run", m))
+        sha = gitrange.resolve(repo, "master")
+        tree = gitrange.Worktree.claim(repo, bisect_cli.CACHE / "worktrees" / repo.working_dir.split("/")[-1])
+        path = tree.checkout(sha)
+    except (BadInput, OSError) as err:
+        progress("run", f"no master cell: {err}")
+        return None
+    return Cell("master", package, f"master {sha[:12]}", NEWEST_TORCH, source=str(path), base=newest)
 
 
 def _crash_site(text: str, signature: str):
@@ -623,11 +681,15 @@ def _crash_site(text: str, signature: str):
     return crash_site(text, signature, ())
 
 
-def bisect(script: Path, args, out: Path, oldest: str, package: str) -> dict | None:
-    """The release bisect (then the commits with a repo) as ``nox -s bisect`` runs it."""
+def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str = NEWEST_TORCH,
+           fix: tuple[str, str] | None = None) -> dict | None:
+    """The release bisect (then the commits with a repo) as ``nox -s bisect`` runs it; with
+    ``fix`` (a release with the bug, a newer one without it) the bisect for the fix."""
     cmd = [sys.executable, "-m", "tools.bisect_cli", "--tier", "both" if args.repo else "releases",
-           "--package", package, "--repro", str(script), "--torch", NEWEST_TORCH, "--oldest", oldest,
+           "--package", package, "--repro", str(script), "--torch", torch, "--oldest", oldest,
            "--out", str(out / "bisect"), "--timeout", str(args.timeout), "--sandbox"]
+    if fix:
+        cmd += ["--find-fix", "--bad", fix[0], "--good", fix[1]]
     if args.signature:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
@@ -637,14 +699,16 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str) -> dict | N
     if args.allow_network:
         cmd.remove("--sandbox")
     progress("bisect", shlex.join(cmd[2:]))
-    proc = subprocess.run(cmd, cwd=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(proc.stderr)
     if proc.returncode >= contract.FAIL:
         raise HarnessFailure(f"the bisect failed (exit {proc.returncode})")
     try:
         return {"exit": proc.returncode, **json.loads((out / "bisect" / "report.json").read_text()),
                 "markdown": (out / "bisect" / "report.md").read_text()}
-    except (OSError, ValueError):
-        return {"exit": proc.returncode, "markdown": None}
+    except (OSError, ValueError):  # no report: its one-line reason (an end that does not hold)
+        said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {"exit": proc.returncode, "markdown": None, "why": said.removeprefix("error: ")}
 
 
 def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
@@ -672,12 +736,84 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     return {"exit": proc.returncode, "lines": None}
 
 
+# -- known bugs: the workspace's own repros ------------------------------------------------------
+
+def known(text: str) -> list:
+    """The workspace's repros (``repro/matrix.toml``) whose ``known_as`` the text shows: what a
+    report's traceback, or a run of the reporter's script, has in common with a bug we know."""
+    from tools import matrix
+
+    return [r for r in matrix.load().repros if r.known_as and re.search(r.known_as, text)]
+
+
+def patches_for(repro) -> list:
+    """The series' patches whose ``X-Repro`` is that repro: the fix the workspace has for it."""
+    from tools import patches
+
+    return [p for p in patches.series() if p.repro and p.repro[0] == repro.script]
+
+
+def run_known(repro, package: str, lightning: str, torch: str, args, out: Path, launcher: Launcher) -> dict:
+    """The workspace's repro in the reporter's versions, ``--trials`` times: its own verdicts."""
+    from tools import bisect_cli
+
+    row = {"repro": repro.name, "issue": repro.issue, "script": repro.script, "package": package,
+           "lightning": lightning, "torch": torch, "verdicts": [], "reasons": []}
+    progress("known", f"{repro.name} (#{repro.issue}) on {package} {lightning} + torch {torch}")
+    try:
+        python = bisect_cli.release_env(package, lightning, torch, ())
+    except envs.EnvError as err:
+        row.update(verdicts=["skip"], reasons=[f"environment: {err}"])
+        return row
+    for trial in range(args.trials):
+        stem = out / "logs" / f"known-{repro.name}-{trial + 1}"
+        argv = [a.replace("{out}", f"{stem}.d") for a in repro.args]
+        r = launcher.run(Run((str(ROOT / repro.script), *argv), python, timeout=args.timeout, log_stem=stem,
+                             own=True))
+        row["verdicts"].append(r.verdict)
+        row["reasons"].append(r.reason or "")
+        progress("known", f"  trial {trial + 1}/{args.trials}: {r.verdict} ({(r.reason or '')[:120]})")
+    bad, tested = row["verdicts"].count("bad"), sum(v in ("bad", "good") for v in row["verdicts"])
+    row["rate"] = f"{bad}/{tested}"
+    return row
+
+
+def fixed_by_series(script: Path, repro, cell_id: str, args, out: Path) -> dict:
+    """The reporter's script without and with the series in a cell the series targets, as
+    ``nox -s patches -- --script`` runs it: the evidence that it is the known bug."""
+    from tools import matrix, patches, validate_patches
+
+    cells = {c.id: c for c in matrix.load().cells}
+    series = patches.series()
+    progress("known", f"the reporter's script without and with the series in {cell_id}")
+    row = validate_patches.script_row(
+        validate_patches.Script(script, args.signature, (cell_id,), "python", args.check_replicas,
+                                "network" if args.allow_network else True),
+        cells[cell_id], series, out / "known")
+    return {"repro": repro.name, "issue": repro.issue, "cell": cell_id, "patches": row["on_top_of"],
+            "before": row["before"], "after": row["after"], "after_detail": row["after_detail"],
+            "ok": row["ok"]}
+
+
+def series_cell(package: str, lightning: str, torch: str, fixes: list) -> str | None:
+    """The matrix cell of these versions, if a patch of the fix targets it."""
+    from tools import matrix
+
+    for c in matrix.load().cells:
+        if (c.package, c.lightning, c.torch) == (package, lightning, torch) and any(
+                c.id in p.cells for p in fixes):
+            return c.id
+    return None
+
+
 # -- 4. the comment -----------------------------------------------------------------------------
 
-def questions(issue: Issue) -> list[str]:
+def questions(issue: Issue, like: int | None = None) -> list[str]:
+    """The questions for the reporter: ``patches/questions.toml``'s for this issue, or for the
+    known bug it matches (``like``), else the "needs a repro" template."""
     number = issue.id.rsplit("-", 1)[-1]
-    known = tomllib.loads((ROOT / "patches" / "questions.toml").read_text())
-    return known.get(number) or [
+    asked = tomllib.loads((ROOT / "patches" / "questions.toml").read_text())
+    return asked.get(number) or (like and asked.get(str(like))) or [
         "Can you share a self-contained script that shows it on one node with two devices (or two "
         "CPU processes), with the smallest model and random data?",
         "How many nodes and devices per node, and which launcher (Lightning's own, torchrun, SLURM)?",
@@ -741,8 +877,28 @@ def _comment(t: dict) -> str:
             lines.append(f"| {c['label']} | {c['package']} {c['lightning']} | {c['torch']} | {c['rate']} | "
                          f"{ended} |")
         lines.append("")
+    if t.get("known"):
+        lines += ["Bugs the workspace knows that this matches:", ""]
+        for k in t["known"]:
+            link = f"#{k['issue']}" if k.get("issue") else k["repro"]
+            if "rate" in k:  # its repro, run in the reporter's versions
+                ended = "; ".join(sorted(set(k["reasons"])))[:200].replace("|", "/")
+                lines.append(f"- {link}: the workspace's repro `{k['repro']}` ({k['script']}) on "
+                             f"{k['package']} {k['lightning']} + torch {k['torch']}: bad {k['rate']} "
+                             f"({ended})")
+            elif k.get("cell"):  # the reporter's script with the series' fix
+                lines.append(f"- {link}: the reporter's script in `{k['cell']}` is {k['before']} without and "
+                             f"{k['after']} with the series' patches ({', '.join(k['patches'])})"
+                             + ("" if k["ok"] else f": not fixed by them ({k.get('after_detail') or ''})"))
+            else:
+                lines.append(f"- {link}: matches its signature; no patch of the series targets these "
+                             "versions")
+        lines.append("")
     if t.get("bisect") and t["bisect"].get("markdown"):
-        lines += [t["bisect"]["markdown"].replace("## Bisect result", "**Bisect:**", 1).strip(), ""]
+        lines += [re.sub(r"^## Bisect result( \(the fix\))?", r"**Bisect\1:**", t["bisect"]["markdown"],
+                         count=1).strip(), ""]
+    elif t.get("bisect"):
+        lines += [f"**Bisect:** no answer: {t['bisect'].get('why') or 'no report'}", ""]
     if t.get("frames"):
         lines += ["Frames of the traceback (Lightning and torch):", "",
                   *[f"- `{f}`" for f in t["frames"][:12]], ""]
@@ -826,12 +982,15 @@ def triage(args) -> dict:
     t["frames"] = frames
     if script is None:
         t["status"] = "no runnable script and no traceback"
-        if tbs:
-            t["status"] = (f"no runnable script in the report; {len(frames)} Lightning/torch frames in its "
-                           f"traceback, signature `{signature}`")
-        t["questions"] = questions(issue)
         if not tbs:
+            t["questions"] = questions(issue)
             raise BadInput(f"{args.issue}: nothing to run and no traceback")
+        t["status"] = (f"no runnable script in the report; {len(frames)} Lightning/torch frames in its "
+                       f"traceback, signature `{signature}`")
+        matches = known("\n".join(tbs))
+        t["questions"] = questions(issue, next((r.issue for r in matches if r.issue), None))
+        if matches:
+            t["status"] += "; " + traceback_matches(matches, tbs, said, args, out, t)
         return _finish(t, out)
     package = "lightning" if re.search(r"^\s*(?:import|from)\s+lightning\b", script.code, re.M) \
         else "pytorch-lightning"
@@ -859,25 +1018,30 @@ def triage(args) -> dict:
         t["questions"] = questions(issue)
         return _finish(t, out)
     reporter = resolve(package, said["lightning"])
-    newest = str(max(v for v, r in index.releases(package).items() if not v.is_prerelease and not r.yanked))
+    newest = newest_release(package)
     cells = []
     if reporter and reporter != newest:
         torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
             index.release(package, reporter).uploaded)
         cells.append(Cell("reporter's", package, reporter, torch))
     cells.append(Cell("newest", package, newest, NEWEST_TORCH))
+    master = master_cell(args, package, newest)
+    if master is not None:
+        cells.append(master)
     with Launcher() as launcher:
         for cell in cells:
             run_cell(cell, path, args, out, launcher, site)
             t["cells"] = [{**asdict(c), "python": str(c.python), "rate": c.rate} for c in cells]
             _save(t, out)
-    new = cells[-1]
-    old = cells[0] if len(cells) > 1 else None
+    new = next(c for c in cells if c.label == "newest")
+    old = cells[0] if cells[0].label == "reporter's" else None
     where = f"{package} {new.lightning} + torch {new.torch} (CPU)"
+    at_master = f"; {master.rate} at {master.lightning}" if master is not None else ""
     if new.bad:
-        t["status"] = f"reproduced {new.rate} on {where}"
+        t["status"] = f"reproduced {new.rate} on {where}{at_master}"
         if old is not None:
             t["status"] += f"; {old.rate} on the reporter's {old.lightning} + torch {old.torch}"
+        t["status"] += known_bug(path, package, new, args, out, t)
         if not args.no_bisect:
             oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
             t["bisect"] = bisect(path, args, out, oldest, package)
@@ -885,7 +1049,14 @@ def triage(args) -> dict:
         t["minimized"] = minimize(path, args, out, new.python) if new.python else None
     elif old is not None and old.bad:
         t["status"] = (f"reproduced {old.rate} on the reporter's {old.lightning} + torch {old.torch}, "
-                       f"not on {where} ({new.rate}): fixed since; the fix was not bisected")
+                       f"not on {where} ({new.rate}){at_master}")
+        if args.no_bisect:
+            t["status"] += ": fixed since; the fix was not bisected (--no-bisect)"
+        else:  # where it went away, on the reporter's torch
+            t["bisect"] = bisect(path, args, out, old.lightning, package, old.torch,
+                                 fix=(old.lightning, new.lightning))
+            t["status"] += "; " + _bisect_status(t["bisect"])
+        t["minimized"] = minimize(path, args, out, old.python) if old.python else None
     elif not any(c.tested for c in cells):
         why = next((r for c in cells for r in c.reasons), "no run ended")
         t["status"] = f"could not test: every run ended without a verdict ({why[:160]})"
@@ -894,6 +1065,53 @@ def triage(args) -> dict:
         t["status"] = f"did not reproduce: {', '.join(f'{c.rate} on {c.lightning}' for c in cells)}"
         t["questions"] = questions(issue)
     return _finish(t, out)
+
+
+def known_bug(script: Path, package: str, cell: Cell, args, out: Path, t: dict) -> str:
+    """A reproduced report that shows a bug the workspace has a fix for in its series: the
+    reporter's script without and with the series, in the newest cell. The status's words."""
+    text = "\n".join([*t.get("tracebacks", []), SEEN.get(cell.label, "")])
+    said = []
+    for repro in known(text):
+        fixes = patches_for(repro)
+        cell_id = series_cell(package, cell.lightning, cell.torch, fixes) if fixes else None
+        if cell_id is None:
+            t.setdefault("known", []).append({"repro": repro.name, "issue": repro.issue,
+                                              "patches": [p.name for p in fixes], "ok": None})
+            said.append(f"it looks like #{repro.issue} (no patch of the series to try here)")
+            continue
+        row = fixed_by_series(script, repro, cell_id, args, out)
+        t.setdefault("known", []).append(row)
+        verdicts = f"{row['before']} before, {row['after']} after"
+        said.append(f"it is #{repro.issue}: {verdicts} with the series' fix" if row["ok"] else
+                    f"it looks like #{repro.issue}, but the series' fix does not change it ({verdicts})")
+    return "".join(f"; {x}" for x in said)
+
+
+def traceback_matches(matches: list, tbs: list[str], said: dict, args, out: Path, t: dict) -> str:
+    """A report without a script whose traceback shows a bug the workspace knows: that bug's repro
+    in the reporter's versions (stated, else fingerprinted), with its rate."""
+    text = "\n".join(tbs)
+    package = fingerprint.guess_package(text)
+    lightning = resolve(package, said["lightning"])
+    how = "stated"
+    if lightning is None:
+        lightning, how = fingerprinted(fingerprint.parse(text), package, args.repo), "fingerprinted"
+    if lightning is None:
+        lightning, how = newest_release(package), "unknown: the newest"
+    torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
+        index.release(package, lightning).uploaded)
+    t["known_cell"] = {"package": package, "lightning": lightning, "torch": torch, "versions": how}
+    with Launcher() as launcher:
+        rows = [run_known(r, package, lightning, torch, args, out, launcher) for r in matches]
+    t["known"] = rows
+    said_rows = [f"it matches #{r['issue']} (the workspace's repro `{r['repro']}`): bad {r['rate']} on "
+                 f"{package} {lightning} + torch {torch}" for r in rows]
+    return "; ".join(said_rows)
+
+
+def newest_release(package: str) -> str:
+    return str(max(v for v, r in index.releases(package).items() if not v.is_prerelease and not r.yanked))
 
 
 def _v(version: str):
@@ -905,15 +1123,24 @@ def _v(version: str):
 def _bisect_status(b: dict | None) -> str:
     if not b:
         return "the bisect gave no report"
+    if b.get("markdown") is None:
+        return f"the bisect gave no answer ({b.get('why') or 'no report'})"
+    fix = b.get("find_fix")
     rel = (b.get("releases") or {}).get("outcome") or {}
     com = (b.get("commits") or {}).get("outcome") or {}
     if rel.get("status") == "found":
-        text = f"regressed in {rel.get('first_bad')} (last good {rel.get('last_good')})"
+        text = (f"fixed in {rel.get('first_bad')} (the last with the bug: {rel.get('last_good')})" if fix
+                else f"regressed in {rel.get('first_bad')} (last good {rel.get('last_good')})")
         if com.get("status") == "found":
-            text += f", by commit {str(com.get('first_bad'))[:12]}"
+            sha = str(com.get("first_bad"))
+            from tools.gitrange import Commit
+
+            pr = next((Commit(**c).pr for c in b["commits"].get("commits", []) if c.get("sha") == sha),
+                      None)
+            text += f", by commit {sha[:12]}" + (f" (#{pr})" if pr else "")
         return text
     if rel.get("status") == "no-good":
-        return "bad in every release tested"
+        return "the bug showed in no release the fix bisect tested" if fix else "bad in every release tested"
     return f"bisect: {rel.get('status') or 'no answer'}"
 
 

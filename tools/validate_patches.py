@@ -475,6 +475,7 @@ class Script:
     cells: tuple[str, ...]  # the cells it runs in: every cell the series targets, or --cell
     kind: str = "python"  # how it runs (harness.how_to_run)
     check_replicas: str | None = None  # the replica check injected (--check-replicas)
+    sandbox: bool | str = False  # the launcher's sandbox (a triaged issue's script: untrusted)
 
 
 def check_script(script: str, signature: str | None, verdict_line: bool,
@@ -514,7 +515,8 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
     return Launcher().run(Run((str(script.path),), python, kind=script.kind, log_stem=log_stem,
-                              signature=script.signature, check_replicas=script.check_replicas))
+                              signature=script.signature, check_replicas=script.check_replicas,
+                              sandbox=script.sandbox))
 
 
 class Parser(argparse.ArgumentParser):
