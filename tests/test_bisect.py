@@ -3,6 +3,7 @@
 import json
 import math
 import sys
+import threading
 from pathlib import Path
 
 import git
@@ -208,6 +209,64 @@ def test_a_fix_bisect_and_a_regression_bisect_share_their_verdicts(tmp_path):
     assert [s.verdict for s in out.steps if s.candidate == "c08"] == ["good"]
 
 
+def test_parallel_probes_take_log_k_plus_1_rounds_and_run_at_once():
+    n = 100
+    codes = {f"c{i:03}": (1 if i >= 63 else 0) for i in range(n)}
+    # the first round (after the ends, verified alone): three spread evenly over c001..c098;
+    # they meet here, so they ran at the same time (one at a time, the barrier breaks: an error)
+    together = threading.Barrier(3, timeout=120)
+
+    def test(c):
+        calls.append(c)
+        if c in ("c025", "c050", "c074"):
+            together.wait()
+        return codes[c], None
+
+    calls = []
+    b = bisect.Bisector(list(codes), test, lambda c: c, bisect.State(None), log=lambda m: None, jobs=3)
+    out = b.run(0, n - 1)
+    assert (out.status, out.first_bad, out.last_good) == ("found", "c063", "c062")
+    assert b.rounds <= math.ceil(math.log(n - 2, 4)) + 1  # 4 here, where one at a time takes 7
+    assert len(calls) <= 3 * b.rounds + 2
+
+
+def test_parallel_probes_search_back_several_distances_a_round():
+    codes = {f"r{i:02}": (1 if i >= 12 else 0) for i in range(20)}
+    b, calls = engine(codes)
+    b.jobs = 3
+    out = b.run(None, 19)
+    assert (out.status, out.first_bad) == ("found", "r12")
+    assert calls[:4] == ["r19", "r18", "r17", "r15"]  # the bad end, then distances 1, 2, 4 at once
+    codes = {f"r{i:02}": 1 for i in range(20)}
+    b, calls = engine(codes)
+    b.jobs = 3
+    assert b.run(None, 19).status == "no-good" and "r00" in calls
+
+
+def test_an_interrupted_round_stops_its_other_runs_and_caches_nothing_of_them(tmp_path):
+    started = threading.Event()
+
+    def test(c):
+        if c == "c2":
+            started.wait(60)
+            raise KeyboardInterrupt
+        if c == "c3":
+            started.set()
+            r = bisect.harness.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout=600)
+            return r.code, r.reason, r.final
+        return (1 if c >= "c4" else 0), None
+
+    state = bisect.State(tmp_path / "state.json")
+    b = bisect.Bisector([f"c{i}" for i in range(6)], test, lambda c: c, state, log=lambda m: None, jobs=3)
+    with pytest.raises(KeyboardInterrupt):
+        b.run(0, 5)
+    killed = [s for s in b.steps if s.candidate == "c3"]
+    assert killed and all("was interrupted" in (s.reason or "") for s in killed), killed
+    cached = set(json.loads((tmp_path / "state.json").read_text()))
+    assert {"c0", "c5"} <= cached and "c3" not in cached  # the killed run left no verdict
+    assert not bisect.harness.ABORT.is_set()  # the next round runs
+
+
 # -- commit tier on a synthetic repository ------------------------------------------------------
 
 def make_repo(path: Path, needs_dep_from: int | None = None,
@@ -321,6 +380,26 @@ def test_find_fix_names_the_commit_that_fixed_the_bug(tmp_path, no_envs, monkeyp
     assert "change 9 (#109) | with the bug |" in text
     # the other way round is bad input, in the fix's own words
     assert cli(tmp_path, repo.working_dir, "--find-fix", "--bad", "master", "--good", shas[8]) == 2
+
+
+def test_commit_probes_in_parallel_each_in_a_worktree_of_its_own(tmp_path, no_envs, monkeypatch):
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = make_repo(tmp_path / "lightning")
+    assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master", "--jobs", "3") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["commits"]["outcome"]["first_bad"] == shas[7]
+    trees = sorted(p.name for p in (tmp_path / "cache" / "worktrees").iterdir() if p.is_dir())
+    assert len(trees) == 3, trees
+
+
+@pytest.mark.parametrize("jobs, message", [
+    (["--jobs", "0"], "--jobs takes a number >= 1, or auto"),
+    (["--jobs", "two"], "--jobs takes a number >= 1, or auto"),
+    (["--jobs", "2", "--executor", "slurm"], "--jobs with --executor slurm is not built yet"),
+])
+def test_bad_jobs_are_bad_input(tmp_path, no_envs, capsys, jobs, message):
+    assert cli(tmp_path, tmp_path, "--good", "a", "--bad", "b", *jobs) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_find_fix_over_releases(tmp_path, monkeypatch, capsys):

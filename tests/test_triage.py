@@ -213,6 +213,7 @@ def test_a_paste_that_does_not_parse_cannot_run_and_says_why(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["no-such-issue.md"], "no-such-issue.md: neither a GitHub issue URL nor a file"),
     (["README.md", "--trials", "0"], "--trials takes a number >= 1"),
+    (["README.md", "--jobs", "0"], "--jobs takes a number >= 1, or auto"),
     (["README.md", "--signature", "("], "--signature '(' is not a valid regex"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
@@ -365,6 +366,33 @@ def test_the_forms_template_line_and_a_conda_list_are_read():
              "lightning   2.3.3   pyhd8ed1ab_0\n```\n")
     said = triage.stated_versions(triage.Issue("x", "x", "x", conda))
     assert (said["lightning"], said["torch"]) == ("2.3.3", "2.3.1")
+
+
+@pytest.mark.parametrize("code, nodes", [
+    ("Trainer(num_nodes=2, devices=4)", (2, 4)),
+    ("pl.Trainer(accelerator='cpu', num_nodes=3)", (3, 1)),
+    ("Trainer(num_nodes=1, devices=2)", (1, 1)),
+    ("Trainer(num_nodes=n, devices=2)", (1, 1)),  # not a constant: not guessed
+    ("Trainer(num_nodes=2, devices=[0, 1])", (2, 1)),  # the port makes a list a count first
+])
+def test_the_nodes_a_script_is_written_for(code, nodes):
+    assert triage.topology(code) == nodes
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+def test_a_script_for_two_nodes_runs_as_two_nodes_in_the_sandbox(tmp_path):
+    code, out, err = run_triage(tmp_path, str(ISSUES / "two_nodes.md"), "--trials", "1", "--no-bisect",
+                                "--minimize-budget", "0", "--repo", "")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["nodes"] == [2, 1]
+    assert any(c.startswith("num_nodes=2: run as 2 nodes of one job") for c in data["port_changes"])
+    assert data["signature"].startswith("RuntimeError: node")  # the cause, not the peer's gloo error
+    (cell,) = data["cells"]
+    assert cell["verdicts"] == ["bad"], cell  # raised where the report says, on the second node
+    assert data["status"].startswith("reproduced 1/1 on pytorch-lightning 2.6.6 + torch 2.13.0")
 
 
 def test_the_cpu_port_covers_devices_device_ids_and_f_strings():

@@ -12,19 +12,27 @@ With ``fix=True`` it looks for the first candidate *without* the bug after one w
 ``git bisect start --term-old=broken --term-new=fixed`` does: the engine's own "good" (the old
 state) is then "the bug is there", and its "bad" (the new state) is "fixed". The cache keeps the
 repro's own verdicts either way, so a fix bisect and a regression bisect share their runs.
+
+With ``jobs=K`` (> 1) each round tests K candidates at once, in threads, spread evenly over the
+range (and, searching back, the next K doubling distances): N candidates take about
+ceil(log_{K+1} N) rounds instead of log2 N steps. ``test`` must then be safe to call from
+several threads (its runs fresh processes). An interrupt stops the runs of the round
+(``harness.ABORT``); the verdicts of the steps that ended stay cached.
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools import contract
+from tools import contract, harness
 from tools.results import write_json
 
 HarnessFailure = contract.HarnessFailure  # a predicate answered >= 128: the bisect must stop
@@ -163,9 +171,11 @@ class Bisector:
     def __init__(self, candidates: Sequence[str], test: Callable[[str], tuple[int, str | None]],
                  key: Callable[[str], str], state: State, trials: int = 1,
                  log: Callable[[str], None] = print, label: Callable[[str], str] = str,
-                 fix: bool = False):
+                 fix: bool = False, jobs: int = 1):
         self.candidates = list(candidates)
         self.fix = fix
+        self.jobs = max(1, jobs)
+        self.rounds = 0  # rounds of parallel probes (jobs > 1)
         self.label = label
         self.test, self.key, self.state = test, key, state
         self.trials = trials
@@ -281,9 +291,30 @@ class Bisector:
                     tested[near] = verdict
         return index, "skip"
 
+    def probe(self, indexes: list[int]) -> dict[int, str]:
+        """One round: the verdicts of ``indexes``, tested at once (one thread each)."""
+        self.rounds += 1
+        names = [self.candidates[i] for i in indexes]
+        elapsed = time.monotonic() - self.started
+        self.log(f"[round {self.rounds}] testing {len(names)} at once: "
+                 + ", ".join(self.label(n) for n in names) + f", elapsed {elapsed:.0f} s")
+        pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe")
+        futures = [pool.submit(self.verdict, n) for n in names]
+        try:
+            verdicts = [f.result() for f in futures]
+        except BaseException:  # Ctrl-C, SIGTERM, a harness failure: stop the round's runs
+            harness.ABORT.set()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            harness.ABORT.clear()
+        return dict(zip(indexes, verdicts, strict=True))
+
     def search_good(self, bad: int) -> tuple[int | None, int]:
         """Backwards from ``bad`` at doubling distance: (the index of a good candidate or None,
         the index of the oldest bad one seen above it). After a skip its neighbours are tried."""
+        if self.jobs > 1:
+            return self._search_good_parallel(bad)
         distance, nearest_bad = 1, bad
         while True:
             index = max(bad - distance, 0)
@@ -302,8 +333,51 @@ class Bisector:
                 return None, nearest_bad
             distance *= 2
 
+    def _search_good_parallel(self, bad: int) -> tuple[int | None, int]:
+        """The search back, ``jobs`` doubling distances a round: (the newest good one found or
+        None, the oldest bad one newer than it)."""
+        distances = (2 ** n for n in itertools.count())
+        done = False
+        while True:
+            indexes: list[int] = []
+            while len(indexes) < self.jobs and not done:
+                index = max(bad - next(distances), 0)
+                if index not in indexes:
+                    indexes.append(index)
+                done = index == 0
+            self.probe(indexes)
+            seen = self._index_verdicts()
+            goods = [i for i, v in seen.items() if v == "good" and i < bad]
+            if goods or done:
+                good = max(goods) if goods else None
+                above = [i for i, v in seen.items() if v == "bad" and (good is None or i > good)]
+                return good, min([bad, *above])
+
+    def _bisect_parallel(self, good: int, bad: int) -> Outcome:
+        """``bisect`` with ``jobs`` candidates a round, spread evenly over what is left."""
+        skipped: set[int] = set()
+        size = bad - good - 1
+        while True:
+            untested = [i for i in range(good + 1, bad) if i not in skipped]
+            if not untested:
+                break
+            k = min(self.jobs, len(untested))
+            picks = sorted({untested[(len(untested) * (j + 1)) // (k + 1)] for j in range(k)})
+            self.log(f"[~{math.ceil(math.log(len(untested) + 1, k + 1))} rounds left] {len(untested)} "
+                     f"candidates between {self.label(self.candidates[good])} and "
+                     f"{self.label(self.candidates[bad])}")
+            seen = self.probe(picks)
+            skipped |= {i for i, v in seen.items() if v == "skip"}
+            bad = min([bad, *(i for i, v in seen.items() if v == "bad")])
+            good = max([good, *(i for i, v in seen.items() if v == "good" and i < bad)])
+        between = [self.candidates[i] for i in sorted(skipped) if good < i < bad]
+        return Outcome("ambiguous" if between else "found", self.candidates[bad],
+                       self.candidates[good], between, self.steps, size)
+
     def bisect(self, good: int, bad: int) -> Outcome:
         """Between a verified good index and a verified bad index (good < bad)."""
+        if self.jobs > 1:
+            return self._bisect_parallel(good, bad)
         skipped: set[int] = set()
         size = bad - good - 1
         while True:

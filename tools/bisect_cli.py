@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import re
 import shlex
 import sys
@@ -78,6 +79,8 @@ class Config:
     check_replicas: str | None = None  # --check-replicas: the replica check's interval
     sandbox: bool = False  # --sandbox: untrusted code (a triaged issue's script)
     find_fix: bool = False  # --find-fix: the first release/commit without the bug after one with it
+    jobs: int = 1  # --jobs: candidates tested at once per round
+    nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
 
     @property
     def repro_text(self) -> str:
@@ -146,6 +149,10 @@ def parse_args(argv) -> Config:
                         "installed in every candidate's environment as of that candidate's date, "
                         "e.g. --with 'jsonargparse[signatures]'")
     contract.add_check_replicas(p)
+    p.add_argument("--jobs", default="auto", metavar="K",
+                   help="candidates tested at once per round, each a fresh process (default auto: "
+                        f"the machine's cores for two-rank runs, here {default_jobs()})")
+    contract.add_nodes(p)
     p.add_argument("--sandbox", action="store_true",
                    help="run the repro in the launcher's sandbox (no network but loopback, a throwaway "
                         "HOME, TMPDIR and folder): for untrusted code")
@@ -176,6 +183,15 @@ def parse_args(argv) -> Config:
         raise BadInput("a commit bisect needs --good and --bad refs")
     if args.find_fix and args.axis == "torch":
         raise BadInput("--find-fix bisects Lightning (--axis lightning)")
+    jobs = default_jobs() if args.jobs == "auto" else (int(args.jobs) if args.jobs.isdigit() else 0)
+    if jobs < 1:
+        raise BadInput("--jobs takes a number >= 1, or auto")
+    contract.check_nodes(args)
+    if args.nodes > 1 and args.executor == "slurm":
+        raise BadInput("--nodes is the local nodes' way; with --executor slurm give the job's own")
+    if jobs > 1 and args.executor == "slurm":
+        raise BadInput("--jobs with --executor slurm is not built yet (one job array per round); "
+                       "give --jobs 1")
     from packaging.requirements import InvalidRequirement, Requirement
 
     for requirement in args.extra:
@@ -188,7 +204,12 @@ def parse_args(argv) -> Config:
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
-                  args.check_replicas, args.sandbox, args.find_fix)
+                  args.check_replicas, args.sandbox, args.find_fix, jobs, (args.nodes, args.ranks_per_node))
+
+
+def default_jobs(ranks: int = 2) -> int:
+    """What the machine's cores allow: one probe per ``ranks`` cores (the repro's processes)."""
+    return max(1, (os.cpu_count() or 1) // ranks)
 
 
 # -- predicates ----------------------------------------------------------------------------
@@ -208,7 +229,8 @@ def launcher_for(cfg: Config, out: Path) -> Launcher:
     """How every run of this bisect is launched, chosen once: a SLURM job per run, or each
     candidate's runs (its trials included) as forks of one preloaded runner (the workspace's own
     repros), or a new interpreter per run (a user's script, ``--fresh-process``)."""
-    return Launcher(How(fresh=cfg.fresh_process or not cfg.preload, slurm=cfg.slurm,
+    return Launcher(How(fresh=cfg.fresh_process or not cfg.preload or cfg.jobs > 1, slurm=cfg.slurm,
+                        nodes=cfg.nodes[0], ranks_per_node=cfg.nodes[1],
                         runner_stderr=out / "logs" / "preloaded.stderr"), log=log)
 
 
@@ -293,7 +315,8 @@ def signature_key(cfg: Config) -> str:
     """The rest of a verdict's key: the signature, and what ``--with`` adds to the environments."""
     return ((f"|signature={cfg.signature}" if cfg.signature else "")
             + (f"|with={','.join(cfg.extra)}" if cfg.extra else "")
-            + (f"|check-replicas={cfg.check_replicas}" if cfg.check_replicas else ""))
+            + (f"|check-replicas={cfg.check_replicas}" if cfg.check_replicas else "")
+            + (f"|nodes={cfg.nodes[0]}x{cfg.nodes[1]}" if cfg.nodes[0] > 1 else ""))
 
 
 # -- tiers ---------------------------------------------------------------------------------
@@ -338,7 +361,7 @@ def release_ends(cfg: Config) -> tuple[list[str], int | None, int]:
 def release_tier(cfg: Config, ends, log, out: Path) -> tuple[Outcome, list[str], Bisector]:
     names, good, bad = ends
     b = Bisector(names, release_predicate(cfg, out), lambda c: release_key(cfg, c),
-                 State(cfg.state), 1, log, fix=cfg.find_fix)
+                 State(cfg.state), 1, log, fix=cfg.find_fix, jobs=cfg.jobs)
     # the rate is measured where the bug shows: the old end of a fix bisect
     at = names[good if cfg.find_fix and good is not None else bad]
     if cfg.trials == "auto" and cfg.find_fix and good is None:
@@ -382,8 +405,11 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
         raise BadInput(f"no commits between {good_ref} and {bad_ref} along the first parent")
     candidates = [gitrange.commit_info(repo, good), *commits]
     by_sha = {c.sha: c for c in candidates}
-    # a worktree of its own: a second bisect at the same time takes the next one
-    wt = gitrange.Worktree.claim(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1])
+    # a worktree of its own: a second bisect at the same time takes the next one (and each of
+    # this one's parallel probes one of its own)
+    trees = queue.SimpleQueue()
+    for _ in range(cfg.jobs):
+        trees.put(gitrange.Worktree.claim(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1]))
     base = base_release(cfg, bad_ref, candidates[-1].date, first_bad)
     if cfg.torch != "auto":
         torch = cfg.torch
@@ -394,8 +420,8 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
     base_name = base and f"{cfg.package} {base}'s dependencies"
     used = {"base": 0, "own": 0}
 
-    def own_requirements(sha: str):
-        reqs = [*wt.requirements(), *cfg.extra]
+    def own_requirements(sha: str, tree):
+        reqs = [*tree.requirements(), *cfg.extra]
         moment = datetime.fromisoformat(by_sha[sha].date)
         key = hashlib.sha256(json.dumps([reqs, torch]).encode()).hexdigest()[:12]
         plan = envs.plan(reqs, torch, moment)
@@ -403,7 +429,14 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
         return envs.ensure(f"commit-{key}", plan.args, log=log)
 
     def test(sha: str):
-        path = wt.checkout(sha)
+        tree = trees.get()  # held for the whole step: its files are the commit's source
+        try:
+            return _test(sha, tree)
+        finally:
+            trees.put(tree)
+
+    def _test(sha: str, tree):
+        path = tree.checkout(sha)
         if not (path / "src" / "lightning" / "pytorch").is_dir():  # the layout before 1.8
             return 125, "no src/lightning/pytorch at this commit: cannot run it from source", True
         note = ""
@@ -419,7 +452,7 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
                 return code, reason, final
             note = f"on {base_name} the import failed ({reason[:100]}); "
         try:
-            python = own_requirements(sha)
+            python = own_requirements(sha, tree)
         except envs.EnvError as err:
             return 125, f"{note}environment of the commit's own requirements: {err}", False
         used["own"] += 1
@@ -432,7 +465,7 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
         return f"{cfg.repro_key}|commit {sha}|torch=={torch}{on}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
     b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
-                 label=lambda sha: by_sha[sha].label, fix=cfg.find_fix)
+                 label=lambda sha: by_sha[sha].label, fix=cfg.find_fix, jobs=cfg.jobs)
     at = candidates[0 if cfg.find_fix else -1].sha  # where the bug shows
     b.trials = b.auto_trials(at) if cfg.trials == "auto" else cfg.trials
     outcome = b.run(0, len(candidates) - 1)

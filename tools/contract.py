@@ -57,7 +57,7 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
           stopped: str | None = None, timeout: float | None = None, seen: bool = False) -> Judgement:
     """The verdict of one run: its exit status ``rc`` (negative: killed by that signal), its
     output (or its end), the user's ``signature`` regex, and why the supervisor stopped it (``stopped``:
-    ``"timeout"``, ``"peer"`` or None).
+    ``"timeout"``, ``"peer"``, ``"aborted"`` or None).
 
     "bad" only when the bug's signature was seen: a verdict line saying bad, or ``signature``
     found in the output. Exit 1 without either is an uncaught exception: cannot test. A verdict
@@ -76,6 +76,8 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
         return verdict(SKIP, f"timed out after {timeout:g} s; process group killed")
     if stopped == "peer":
         return verdict(SKIP, "a rank died and its peer did not exit; process group killed")
+    if stopped == "aborted":
+        return verdict(SKIP, "stopped: the run it belonged to was interrupted; process group killed")
     if rc < 0:
         died = signal.Signals(-rc).name
         if seen and record is None:
@@ -165,6 +167,21 @@ def add_check_replicas(parser) -> None:
              "(the line 'replicas diverged at step N ...'); EVERY: 'epoch' (default: every epoch "
              "end and the last step) or a number of training steps; a run where it never compared "
              "replicas is 'cannot test', never good")
+
+
+def add_nodes(parser) -> None:
+    """``--nodes N --ranks-per-node R``: every run as N nodes of one job on this machine
+    (``tools.nodes``: a torchrun per node, c10d rendezvous), for a script written for several."""
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="run the script as this many nodes (a torchrun each, on this machine)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks of each node with --nodes")
+
+
+def check_nodes(args) -> None:
+    if args.nodes < 1 or args.ranks_per_node < 1:
+        raise BadInput("--nodes and --ranks-per-node take numbers >= 1")
+    if args.ranks_per_node > 1 and args.nodes == 1:
+        raise BadInput("--ranks-per-node goes with --nodes N (N >= 2)")
 
 
 def _tail(text: str) -> str:

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,6 +147,11 @@ def _declared(path: str | None) -> set[int]:
         return set()
 
 
+# set by a caller whose runs in other threads must stop now (an interrupted round of parallel
+# probes): every run being waited for is ended as "aborted" (its group killed), never a verdict
+ABORT = threading.Event()
+
+
 def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None, poll: float = 0.1,
           stop=None, pump=time.sleep):
     """Wait for the leader; return why waiting stopped: None (it exited), 'timeout', 'peer'
@@ -171,6 +177,8 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
             return "peer"
         if stop is not None and stop.is_set():
             return "peer"
+        if ABORT.is_set():
+            return "aborted"
         pump(poll)  # the run's output, as it comes (or just the wait)
     return None
 
@@ -230,8 +238,6 @@ def _take_sigint_back() -> None:
     see its signal, a wrong verdict. So this process takes SIGINT back (Python's own handler,
     which a new program gets as the default). Not with ``preexec_fn``: that forks with the
     at-fork handlers (logging's), and a signal landing in one of them is swallowed."""
-    import threading
-
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

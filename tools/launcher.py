@@ -28,6 +28,7 @@ from pathlib import Path
 from tools import contract, harness, nodes, slurm_jobs
 from tools.preloaded import Runner
 
+ROOT = Path(__file__).resolve().parent.parent  # the workspace: on the path of tools.nodes in a sandbox
 INJECT = Path(__file__).resolve().parent / "inject"  # put on a run's PYTHONPATH, never imported
 # The sandbox: new user, network, mount and process namespaces. Inside, only loopback is up (the
 # ranks meet on 127.0.0.1, nothing else answers), every mount but /proc, /sys, /dev (and
@@ -240,14 +241,28 @@ class Launcher:
             if report:  # the replica check writes its reports there
                 Path(report).mkdir(parents=True, exist_ok=True)
                 writable.append(str(Path(report).resolve()))
+            nodes_log = None
+            if self.how.nodes > 1 and run.kind == "python":  # tools.nodes inside writes the nodes' logs
+                nodes_log = Path(run.log_stem) if run.log_stem else Path(tmp) / "job"
+                nodes_log.parent.mkdir(parents=True, exist_ok=True)
+                writable.append(str(nodes_log.parent.resolve()))
             env = {k: v for k, v in os.environ.items() if k in SANDBOX_ENV}
             env = {**env, **run.env, "HOME": str(home), "TMPDIR": str(temp),
                    "XDG_CACHE_HOME": str(home / ".cache"), "SANDBOX_RW": " ".join(writable)}
             if run.python:
                 env = harness.env_for(run.python, env)
-            argv = (*SANDBOX, *run.command()) if isolated else tuple(run.command())
-            return harness.run(list(argv), timeout=run.timeout, log_stem=run.log_stem, env=env, cwd=cwd,
-                               signature=run.signature, peer_grace=run.peer_grace)
+            command, timeout = run.command(), run.timeout
+            if nodes_log is not None:  # the nodes of the job, launched inside: one sandbox for all
+                command = [sys.executable, "-m", "tools.nodes", "--nodes", str(self.how.nodes),
+                           "--ranks-per-node", str(self.how.ranks_per_node), "--timeout", str(run.timeout),
+                           "--log", str(nodes_log.resolve()),
+                           *(["--signature", run.signature] if run.signature else []), "--", *command]
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+                timeout = run.timeout + 60  # the job's own limit ends it first
+            argv = (*SANDBOX, *command) if isolated else tuple(command)
+            result = harness.run(list(argv), timeout=timeout, log_stem=run.log_stem, env=env, cwd=cwd,
+                                 signature=None if nodes_log else run.signature, peer_grace=run.peer_grace)
+            return _job_result(result) if nodes_log is not None else result
 
     def close(self) -> None:
         if self.runner is not None:
@@ -259,3 +274,18 @@ class Launcher:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _job_result(outer: harness.RunResult) -> harness.RunResult:
+    """The judgement ``tools.nodes`` printed inside the sandbox (its last stdout line), as the
+    run's; the sandbox's own result when there is none (it could not start the job)."""
+    try:
+        lines = Path(outer.stdout_path).read_text(errors="replace").strip().splitlines()
+        job = json.loads(lines[-1]) if lines else None
+    except (OSError, TypeError, ValueError):
+        job = None
+    if not isinstance(job, dict) or "code" not in job:
+        return outer
+    return harness.RunResult(job["code"], job["verdict"], job.get("reason"), outer.seconds, outer.returncode,
+                             job.get("record"), stdout_path=outer.stdout_path, stderr_path=outer.stderr_path,
+                             leftovers=outer.leftovers, final=job.get("final", False))

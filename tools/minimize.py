@@ -130,6 +130,7 @@ class Config:
     confirm: int
     check_replicas: str | None = None  # the replica check injected: bad when replicas diverge
     sandbox: bool = False  # every run in the launcher's sandbox (untrusted code)
+    nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -143,6 +144,7 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--verdict-line", action="store_true",
                    help="the script prints the contract's verdict line (then no --signature)")
     contract.add_check_replicas(p)
+    contract.add_nodes(p)
     p.add_argument("--sandbox", action="store_true",
                    help="every run in the launcher's sandbox (no network but loopback, a throwaway HOME "
                         "and TMPDIR): for untrusted code")
@@ -183,10 +185,12 @@ def parse_args(argv: list[str]) -> Config:
             raise BadInput(f"--{name} must be > 0")
     if a.confirm < 1:
         raise BadInput("--confirm must be >= 1")
+    contract.check_nodes(a)
     python, where_ = interpreter(a.python, a.cell)
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
-                  out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox)
+                  out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox,
+                  (a.nodes, a.ranks_per_node))
 
 
 def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
@@ -560,13 +564,15 @@ class Oracle:
         self.timeout = cfg.timeout  # for the original; then from its duration (check_original)
         self.slowest = self.slow = None  # the original's slowest run; the limit of an interesting one
         # the candidates' runs: forks of one preloaded runner, a fresh interpreter with --fresh-process
-        self.launcher = Launcher(How(fresh=cfg.fresh_process, runner_stderr=cfg.out / "preloaded.stderr"))
+        self.launcher = Launcher(How(fresh=cfg.fresh_process, runner_stderr=cfg.out / "preloaded.stderr",
+                                     nodes=cfg.nodes[0], ranks_per_node=cfg.nodes[1]))
         (cfg.out / "runs").mkdir(parents=True, exist_ok=True)
 
     def key(self, files: dict[str, str | None]) -> str:
         payload = json.dumps([sorted(files.items()), self.cfg.signature, self.cfg.verdict_line,
                               str(self.cfg.python), list(self.cfg.args), self.trials, self.site,
-                              self.cfg.fresh_process, self.timeout, self.cfg.check_replicas])
+                              self.cfg.fresh_process, self.timeout, self.cfg.check_replicas,
+                              *([list(self.cfg.nodes)] if self.cfg.nodes[0] > 1 else [])])
         return hashlib.sha256(payload.encode()).hexdigest()
 
     # one launch

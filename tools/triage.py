@@ -53,7 +53,7 @@ from pathlib import Path
 
 from tools import contract, envs, fingerprint, index, results
 from tools.contract import BadInput, HarnessFailure
-from tools.launcher import Launcher, Run, sandbox_works
+from tools.launcher import How, Launcher, Run, sandbox_works
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "issues"
@@ -586,6 +586,23 @@ def cpu_port(code: str) -> tuple[str, list[str], str]:
     return new, [what for _, _, what in order], diff
 
 
+def topology(code: str) -> tuple[int, int]:
+    """(nodes, ranks per node) of a script written for several nodes: a call with an integer
+    ``num_nodes`` >= 2 (a Trainer's), with its integer ``devices`` (else 1); (1, 1) otherwise."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return 1, 1
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            kw = {k.arg: k.value for k in node.keywords if k.arg}
+            n, d = kw.get("num_nodes"), kw.get("devices")
+            if isinstance(n, ast.Constant) and type(n.value) is int and n.value >= 2:
+                per = d.value if isinstance(d, ast.Constant) and type(d.value) is int and d.value >= 1 else 1
+                return n.value, per
+    return 1, 1
+
+
 # -- 3. reproduce and locate -----------------------------------------------------------------
 
 @dataclass
@@ -616,7 +633,16 @@ class Cell:
         return f"{self.bad}/{self.tested}" + (f" ({skips} could not test)" if skips else "")
 
 
-def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site) -> None:
+RUNS: list[float] = []  # seconds of each run of the cells so far (the ETA)
+
+
+def eta(left: int) -> str:
+    """``left`` more runs at the mean pace so far."""
+    return f", ETA ~{left * sum(RUNS) / len(RUNS):.0f} s for the cells" if RUNS and left else ""
+
+
+def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site, after: int = 0) -> None:
+    """``--trials`` runs of the script in ``cell``; ``after``: the runs of the cells still to come."""
     from tools import bisect_cli
 
     progress("run", f"{cell.label} cell: {cell.package} {cell.lightning} + torch {cell.torch}")
@@ -636,6 +662,7 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
                              sandbox="network" if args.allow_network else True))
         verdict, reason = r.verdict, r.reason or ""
         logs = [Path(p) for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists()]
+        logs += sorted(stem.parent.glob(f"{stem.name}.node*"))  # a job of several nodes: each one's
         text = "\n".join(p.read_text(errors="replace")[-200_000:] for p in logs) if verdict == "bad" else ""
         if verdict == "bad" and site is not None:
             here = _normal(_crash_site(text, args.signature))
@@ -650,7 +677,9 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
         cell.reasons.append(reason)
         if verdict == "bad":
             SEEN.setdefault(cell.label, text)
-        progress("run", f"  trial {trial + 1}/{args.trials}: {verdict} ({reason[:120]})")
+        RUNS.append(r.seconds)
+        left = args.trials - trial - 1 + after
+        progress("run", f"  trial {trial + 1}/{args.trials}: {verdict} ({reason[:120]}){eta(left)}")
     cell.seconds = round(time.monotonic() - started, 1)
 
 
@@ -690,6 +719,7 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
            "--out", str(out / "bisect"), "--timeout", str(args.timeout), "--sandbox"]
     if fix:
         cmd += ["--find-fix", "--bad", fix[0], "--good", fix[1]]
+    cmd += ["--jobs", args.jobs, *_nodes_args(args)]
     if args.signature:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
@@ -711,6 +741,11 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
         return {"exit": proc.returncode, "markdown": None, "why": said.removeprefix("error: ")}
 
 
+def _nodes_args(args) -> list[str]:
+    n, r = getattr(args, "nodes", (1, 1))
+    return ["--nodes", str(n), "--ranks-per-node", str(r)] if n > 1 else []
+
+
 def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     if not args.minimize_budget:
         return None
@@ -723,6 +758,7 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
         cmd.append(f"--check-replicas={args.check_replicas}")
+    cmd += _nodes_args(args)
     progress("minimize", f"{args.minimize_budget:g} min")
     proc = subprocess.run(cmd, cwd=ROOT)
     result = target / "minimized.py"
@@ -788,7 +824,7 @@ def fixed_by_series(script: Path, repro, cell_id: str, args, out: Path) -> dict:
     progress("known", f"the reporter's script without and with the series in {cell_id}")
     row = validate_patches.script_row(
         validate_patches.Script(script, args.signature, (cell_id,), "python", args.check_replicas,
-                                "network" if args.allow_network else True),
+                                "network" if args.allow_network else True, getattr(args, "nodes", (1, 1))),
         cells[cell_id], series, out / "known")
     return {"repro": repro.name, "issue": repro.issue, "cell": cell_id, "patches": row["on_top_of"],
             "before": row["before"], "after": row["after"], "after_detail": row["after_detail"],
@@ -933,6 +969,8 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--minimize-budget", type=float, default=5.0, metavar="MIN",
                    help="minutes of minimization (0 skips it; default 5)")
     p.add_argument("--no-bisect", action="store_true", help="run the cells only")
+    p.add_argument("--jobs", default="auto", metavar="K",
+                   help="the bisect's candidates tested at once per round (nox -s bisect --jobs)")
     p.add_argument("--trust", action="store_true", help="run a script the static check refuses")
     p.add_argument("--allow-network", action="store_true",
                    help="run without the sandbox (where the machine cannot make one)")
@@ -940,6 +978,8 @@ def parse_args(argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.trials < 1:
         raise BadInput("--trials takes a number >= 1")
+    if args.jobs != "auto" and not (args.jobs.isdigit() and int(args.jobs) >= 1):
+        raise BadInput("--jobs takes a number >= 1, or auto")
     if args.minimize_budget < 0:
         raise BadInput("--minimize-budget takes minutes >= 0")
     contract.check_signature(args.signature)
@@ -1010,7 +1050,12 @@ def triage(args) -> dict:
                     if args.allow_network else "new user, network, mount and process namespaces: only "
                     "loopback, a read-only file system but a throwaway HOME, TMPDIR and folder")
     code, changes, diff = cpu_port(script.code)
-    t.update(port_changes=changes, port_diff=diff)
+    nodes = topology(code)
+    if nodes[0] > 1:  # the script's own num_nodes, run as that many nodes of one job here
+        changes.append(f"num_nodes={nodes[0]}: run as {nodes[0]} nodes of one job on this machine (a "
+                       f"torchrun each, c10d rendezvous), {nodes[1]} rank(s) per node")
+    args.nodes = nodes
+    t.update(port_changes=changes, port_diff=diff, nodes=list(nodes))
     path = out / "script.py"
     results.write_atomic(path, code)
     if not (signature or check):
@@ -1028,9 +1073,9 @@ def triage(args) -> dict:
     master = master_cell(args, package, newest)
     if master is not None:
         cells.append(master)
-    with Launcher() as launcher:
-        for cell in cells:
-            run_cell(cell, path, args, out, launcher, site)
+    with Launcher(How(nodes=nodes[0], ranks_per_node=nodes[1])) as launcher:
+        for i, cell in enumerate(cells):
+            run_cell(cell, path, args, out, launcher, site, after=(len(cells) - i - 1) * args.trials)
             t["cells"] = [{**asdict(c), "python": str(c.python), "rate": c.rate} for c in cells]
             _save(t, out)
     new = next(c for c in cells if c.label == "newest")

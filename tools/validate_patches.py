@@ -43,7 +43,7 @@ from pathlib import Path
 
 from tools import contract, envs, harness, index, matrix, patches, results, torch_host
 from tools import upstream_tests as ut
-from tools.launcher import Launcher, Run
+from tools.launcher import How, Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
@@ -476,6 +476,7 @@ class Script:
     kind: str = "python"  # how it runs (harness.how_to_run)
     check_replicas: str | None = None  # the replica check injected (--check-replicas)
     sandbox: bool | str = False  # the launcher's sandbox (a triaged issue's script: untrusted)
+    nodes: tuple[int, int] = (1, 1)  # a job of N nodes with R ranks each (tools.nodes)
 
 
 def check_script(script: str, signature: str | None, verdict_line: bool,
@@ -514,7 +515,8 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
 
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
-    return Launcher().run(Run((str(script.path),), python, kind=script.kind, log_stem=log_stem,
+    how = How(nodes=script.nodes[0], ranks_per_node=script.nodes[1])
+    return Launcher(how).run(Run((str(script.path),), python, kind=script.kind, log_stem=log_stem,
                               signature=script.signature, check_replicas=script.check_replicas,
                               sandbox=script.sandbox))
 
