@@ -1,5 +1,6 @@
 """How long a triage of a #20340-style report takes (a DDP script that reproduces in every
-release; environments already made; a 5-minute minimize budget). Goal: <= 10 minutes.
+release; environments already made, but no verdict cached: the bisect's state is a new one;
+a 5-minute minimize budget). Goal: <= 10 minutes.
 
     python bench/triage_time.py --python .nox/tests/bin/python
 """
@@ -23,7 +24,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         started = time.monotonic()
         rc = subprocess.run([a.python, "-m", "tools.triage", a.issue, "--minimize-budget", a.minimize_budget,
-                             "--out", tmp], cwd=ROOT).returncode
+                             "--out", tmp, "--state", str(Path(tmp) / "state.json")], cwd=ROOT).returncode
         seconds = time.monotonic() - started
         data = json.loads((Path(tmp) / "triage.json").read_text())
         print((Path(tmp) / "comment.md").read_text())

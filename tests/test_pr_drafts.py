@@ -82,6 +82,10 @@ def workspace(tmp_path, monkeypatch):
     (bisect / "report.md").write_text("## Bisect result\n\n**Bad in every release tested** (2.6.6 to 1.9.5)."
                                       "\n\nReproduce the bisect:\n\n```\nnox -s bisect\n```\n")
     assert findings.main(["--record", f"repro={run}", "--record", f"bisect={bisect}"]) == 0
+    gitconfig = tmp_path / "gitconfig"  # who opens the PR: the user's git identity, this one
+    gitconfig.write_text("[user]\n\tname = Ada Tester\n\temail = ada@example.org\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     return tmp_path
 
 
@@ -212,6 +216,21 @@ def test_the_pr_body_keeps_the_alternatives_apart_and_quotes_the_recorded_runs(w
     assert "| pl2_6_6_torch2_13_0 | pytorch-lightning 2.6.6 | 2.13.0+cpu (>=2.1.0) | " \
            "bad: epoch 3 backbone.weight | good: in sync | 10 |" in body
     assert (comment_dir(workspace) / "issue-111.md").exists()
+    patch_file = (workspace / "results" / "pr" / "fix-rewrap" / "fix-rewrap.patch").read_text()
+    assert "\nFrom: Ada Tester <ada@example.org>\n" in patch_file and "example.invalid" not in patch_file
+
+
+def test_no_git_identity_no_pr(workspace, monkeypatch, capsys):
+    """The series' author is a placeholder a CLA check refuses: the PR's is the user's, or none."""
+    (workspace / "gitconfig").write_text("")
+    (patch,) = patches.named("fix-rewrap.patch")
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "good", "after_detail": "in sync", "upstream_tests": "2 passed"} for c in patch.cells]
+    results.write_json(workspace / "results" / "patches" / "1" / "summary.json", rows)
+    monkeypatch.setattr(pr_bundle, "ROOT", workspace)  # no repository's own config either
+    assert pr_bundle.main(["fix-rewrap.patch"]) == 2
+    assert "git has no identity for you" in capsys.readouterr().err
+    assert not (workspace / "results" / "pr" / "fix-rewrap").exists()
 
 
 def test_the_parts_of_a_description(workspace):

@@ -368,6 +368,61 @@ def test_the_forms_template_line_and_a_conda_list_are_read():
     assert (said["lightning"], said["torch"]) == ("2.3.3", "2.3.1")
 
 
+@pytest.mark.parametrize("bad_in, expect", [
+    # the same Lightning release: bad on the reporter's older torch, good on the newest: torch
+    # fixed it, so torch's releases are bisected for the fix, that release held
+    ({"2.6.0"}, ("fix", "fixed in torch 2.8.0 (the last with the bug: 2.7.1)")),
+    # good on the reporter's torch, bad on the newest: torch brought it
+    ({"2.13.0"}, ("regression", "regressed in torch 2.8.0 (last good 2.7.1)")),
+])
+def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in, expect):
+    report = tmp_path / "torch.md"
+    report.write_text((ISSUES / "fixed_later.md").read_text().replace(
+        "Lightning Version: 2.5.0", "Lightning Version: 2.6.6").replace("v2.5", "v2.6").replace(
+        "PyTorch Version: 2.13.0", "PyTorch Version: 2.6.0"))
+    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+
+    def run_cell(cell, script, args, out, launcher, site, after=0):
+        cell.verdicts = ["bad" if cell.torch in bad_in else "good"] * args.trials
+        cell.reasons = [""] * args.trials
+
+    asked = {}
+
+    def bisect(script, args, out, oldest, package, torch="2.13.0", fix=None, torch_axis=None):
+        asked.update(fix=fix, torch_axis=torch_axis, auto=args.auto)
+        return {"markdown": "## Bisect result\n", "find_fix": bool(fix), "axis": "torch",
+                "releases": {"outcome": {"status": "found", "first_bad": "2.8.0", "last_good": "2.7.1"}}}
+
+    monkeypatch.setattr(triage, "run_cell", run_cell)
+    monkeypatch.setattr(triage, "bisect", bisect)
+    t = triage.triage(triage.parse_args([str(report), "--minimize-budget", "0", "--repo", "",
+                                         "--out", str(tmp_path / "out")]))
+    assert [(c["lightning"], c["torch"]) for c in t["cells"]] == [("2.6.6", "2.6.0"), ("2.6.6", "2.13.0")]
+    assert asked["torch_axis"] == ("2.6.6", "2.6.0", "2.13.0")
+    assert asked["fix"] == (("2.6.0", "2.13.0") if expect[0] == "fix" else None)
+    assert expect[1] in t["status"], t["status"]
+    assert not asked["auto"] and "unstable" not in t["status"]
+
+
+def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monkeypatch):
+    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+
+    def run_cell(cell, script, args, out, launcher, site, after=0):
+        cell.verdicts, cell.reasons = ["bad", "good", "good"], ["", "", ""]
+
+    asked = {}
+    monkeypatch.setattr(triage, "run_cell", run_cell)
+    monkeypatch.setattr(triage, "bisect", lambda *a, **k: asked.update(auto=a[1].auto) or None)
+    t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
+                                         "--repo", "", "--out", str(tmp_path / "out")]))
+    assert "; unstable (1/3 on 2.5.0, 1/3 on 2.6.6): the bisect ran with --trials auto" in t["status"]
+    assert asked["auto"] is True
+
+
 @pytest.mark.parametrize("code, nodes", [
     ("Trainer(num_nodes=2, devices=4)", (2, 4)),
     ("pl.Trainer(accelerator='cpu', num_nodes=3)", (3, 1)),

@@ -181,8 +181,6 @@ def parse_args(argv) -> Config:
         raise BadInput("--axis torch needs --lightning VERSION")
     if args.tier == "commits" and not (args.good and args.bad):
         raise BadInput("a commit bisect needs --good and --bad refs")
-    if args.find_fix and args.axis == "torch":
-        raise BadInput("--find-fix bisects Lightning (--axis lightning)")
     jobs = default_jobs() if args.jobs == "auto" else (int(args.jobs) if args.jobs.isdigit() else 0)
     if jobs < 1:
         raise BadInput("--jobs takes a number >= 1, or auto")
@@ -665,7 +663,8 @@ def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: f
     finally:
         close_launcher()
     text = report(cfg, argv, release, commit, time.monotonic() - start)
-    data = {"status": status, "find_fix": cfg.find_fix, "argv": argv, "environments": dict(ENV_NOTES),
+    data = {"status": status, "find_fix": cfg.find_fix, "axis": cfg.axis, "argv": argv,
+            "environments": dict(ENV_NOTES),
             "seconds": round(time.monotonic() - start, 1),
             "releases": release and {"outcome": release["outcome"].to_dict(),
                                      "trials": release["bisector"].trials,

@@ -4,8 +4,10 @@ Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on curren
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
 wrong, what changed, the before/after evidence, test evidence, the CHANGELOG entry). Refuses with
-exit 2 when the patch has not validated (``nox -s patches``) or an input cannot be read: every
-input is read and checked first, then each output is written atomically.
+exit 2 when the patch has not validated (``nox -s patches``), an input cannot be read, or git has
+no identity for you (``user.name``, ``user.email``: the PR's author, whom the CLA check reads; the
+series' own ``From:`` is a placeholder): every input is read and checked first, then each output
+is written atomically.
 
 Every run (also ``nox -s pr`` without a patch) writes ``results/pr/comments/``: a comment per
 upstream issue of the series and a new-issue draft for every bug without one (``tools/comments.py``),
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
             rows = evidence(patch)
             if not rows or not all(r["ok"] for r in rows):
                 raise BadInput(f"{patch.name} has not validated: run `nox -s patches` first")
-            bundle = files(patch, issue, rows, bisect)
+            bundle = files(patch, issue, rows, bisect, identity())
         texts = comments.texts()
     except contract.BadInput as err:  # the patch, the series, the recorded runs, drafts, questions
         print(f"error: {err}", file=sys.stderr)
@@ -133,7 +135,23 @@ def main(argv=None) -> int:
     return 0
 
 
-def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None) -> dict[str, str]:
+def identity(cwd: Path | None = None) -> tuple[str, str]:
+    """(name, email) of the user's git configuration: who opens the PR. Never made up."""
+    import subprocess
+
+    found = []
+    for key in ("user.name", "user.email"):
+        proc = subprocess.run(["git", "config", "--get", key], cwd=cwd or ROOT, capture_output=True,
+                              text=True)
+        found.append(proc.stdout.strip())
+    if not all(found):
+        raise BadInput("git has no identity for you: set `git config --global user.name` and "
+                       "`user.email` (the PR's author, as the CLA check reads it)")
+    return found[0], found[1]
+
+
+def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None,
+          who: tuple[str, str]) -> dict[str, str]:
     """The bundle's files by name, made in full before any is written."""
     name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
     out = {"branch.txt": f"bugfix/{issue}_{name}\n", "body.md": body(patch, rows, bisect)}
@@ -141,15 +159,16 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
         from tools import gitrange
 
         try:
-            out[f"0001-{patch.path.stem}.patch"] = format_patch(patch)
+            out[f"0001-{patch.path.stem}.patch"] = format_patch(patch, who)
         except gitrange.BadInput as err:  # LIGHTNING_REPO is no repository, or has no master
             raise BadInput(f"LIGHTNING_REPO: {err}") from None
-    else:
-        out[patch.name] = patches.read(patch.path, patch.name)
+    else:  # the series' file, its placeholder author replaced by the user's identity
+        text = patches.read(patch.path, patch.name)
+        out[patch.name] = re.sub(r"^From: .*$", f"From: {who[0]} <{who[1]}>", text, count=1, flags=re.M)
     return out
 
 
-def format_patch(patch: patches.Patch) -> str:
+def format_patch(patch: patches.Patch, who: tuple[str, str]) -> str:
     """The change committed on current master in a scratch worktree, as `git format-patch`."""
     from tools import gitrange
 
@@ -163,9 +182,9 @@ def format_patch(patch: patches.Patch) -> str:
     issue = issue_of(patch)
     # --missing-ok: a snapshot may lack a large file the change does not touch
     tree = wt.git.write_tree("--missing-ok")
-    who = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
-           for what, value in (("NAME", "workspace"), ("EMAIL", "workspace@localhost"))}
-    with wt.git.custom_environment(**who):
+    env = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
+           for what, value in (("NAME", who[0]), ("EMAIL", who[1]))}
+    with wt.git.custom_environment(**env):
         commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{why}\n\nFixes #{issue}")
     text = wt.git.format_patch("-1", "--stdout", commit)
     wt.checkout(gitrange.resolve(repo, "master"))

@@ -57,6 +57,7 @@ from tools.launcher import How, Launcher, Run, sandbox_works
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "issues"
+AUTO_TRIALS = 5  # --trials auto: runs per cell, the rate the bisect's own auto measures from
 NEWEST_TORCH = "2.13.0"  # the newest torch this workspace runs on (its CPU build)
 ISSUE_URL = re.compile(r"^https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/issues/(?P<number>\d+)/?$")
 FORM = ("Bug description", "What version are you seeing the problem on?", "How to reproduce the bug",
@@ -711,15 +712,25 @@ def _crash_site(text: str, signature: str):
 
 
 def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str = NEWEST_TORCH,
-           fix: tuple[str, str] | None = None) -> dict | None:
+           fix: tuple[str, str] | None = None, torch_axis: tuple[str, str, str] | None = None) -> dict | None:
     """The release bisect (then the commits with a repo) as ``nox -s bisect`` runs it; with
-    ``fix`` (a release with the bug, a newer one without it) the bisect for the fix."""
+    ``fix`` (a release with the bug, a newer one without it) the bisect for the fix; with
+    ``torch_axis`` (a Lightning release, an older and a newer torch) torch's releases, that
+    Lightning release fixed."""
     cmd = [sys.executable, "-m", "tools.bisect_cli", "--tier", "both" if args.repo else "releases",
            "--package", package, "--repro", str(script), "--torch", torch, "--oldest", oldest,
            "--out", str(out / "bisect"), "--timeout", str(args.timeout), "--sandbox"]
+    if torch_axis:
+        lightning, older, newer = torch_axis
+        cmd[cmd.index("--tier") + 1] = "releases"
+        cmd += ["--axis", "torch", "--lightning", lightning]
+        if not fix:
+            cmd += ["--good", older, "--bad", newer]
     if fix:
         cmd += ["--find-fix", "--bad", fix[0], "--good", fix[1]]
-    cmd += ["--jobs", args.jobs, *_nodes_args(args)]
+    if getattr(args, "auto", False):
+        cmd += ["--trials", "auto"]
+    cmd += ["--jobs", args.jobs, *_nodes_args(args), *(["--state", args.state] if args.state else [])]
     if args.signature:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
@@ -962,7 +973,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("issue", help="a GitHub issue URL, or a saved issue (its API JSON, or Markdown)")
     p.add_argument("--signature", help="regex for 'bad' (default: derived from the reported exception)")
     contract.add_check_replicas(p)
-    p.add_argument("--trials", type=int, default=3, help="runs per cell (default 3)")
+    p.add_argument("--trials", default="3",
+                   help=f"runs per cell (default 3), or auto: {AUTO_TRIALS} per cell, and the bisect's "
+                        "--trials auto (from the rate at its bad end)")
     p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit of a run")
     p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
                    help="a Lightning checkout for the commit bisect (default $LIGHTNING_REPO)")
@@ -975,9 +988,13 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--allow-network", action="store_true",
                    help="run without the sandbox (where the machine cannot make one)")
     p.add_argument("--out", help="results folder (default results/triage/<issue id>)")
+    p.add_argument("--state", help="the bisect's verdict cache (default nox -s bisect's, shared: a "
+                                   "re-run, or a bisect of the same script, runs no step twice)")
     args = p.parse_args(argv)
+    args.auto = args.trials == "auto"
+    args.trials = AUTO_TRIALS if args.auto else (int(args.trials) if args.trials.isdigit() else 0)
     if args.trials < 1:
-        raise BadInput("--trials takes a number >= 1")
+        raise BadInput("--trials takes a number >= 1, or auto")
     if args.jobs != "auto" and not (args.jobs.isdigit() and int(args.jobs) >= 1):
         raise BadInput("--jobs takes a number >= 1, or auto")
     if args.minimize_budget < 0:
@@ -1065,10 +1082,11 @@ def triage(args) -> dict:
     reporter = resolve(package, said["lightning"])
     newest = newest_release(package)
     cells = []
-    if reporter and reporter != newest:
+    if reporter:
         torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
             index.release(package, reporter).uploaded)
-        cells.append(Cell("reporter's", package, reporter, torch))
+        if (reporter, torch) != (newest, NEWEST_TORCH):  # the newest release on another torch too
+            cells.append(Cell("reporter's", package, reporter, torch))
     cells.append(Cell("newest", package, newest, NEWEST_TORCH))
     master = master_cell(args, package, newest)
     if master is not None:
@@ -1082,21 +1100,34 @@ def triage(args) -> dict:
     old = cells[0] if cells[0].label == "reporter's" else None
     where = f"{package} {new.lightning} + torch {new.torch} (CPU)"
     at_master = f"; {master.rate} at {master.lightning}" if master is not None else ""
+    unstable = [c for c in cells if 0 < c.bad < c.tested]
+    if unstable:  # a rate below 1: a bisect of one run a step can name a wrong culprit
+        args.auto = True
+    same = old is not None and old.lightning == new.lightning  # one release, two torches
     if new.bad:
         t["status"] = f"reproduced {new.rate} on {where}{at_master}"
         if old is not None:
             t["status"] += f"; {old.rate} on the reporter's {old.lightning} + torch {old.torch}"
+        t["status"] += _unstable(unstable)
         t["status"] += known_bug(path, package, new, args, out, t)
-        if not args.no_bisect:
+        if not args.no_bisect and same and old.tested and not old.bad:  # torch brought it
+            t["bisect"] = bisect(path, args, out, "2.0.0", package, torch_axis=(new.lightning, old.torch,
+                                                                                  new.torch))
+            t["status"] += "; " + _bisect_status(t["bisect"])
+        elif not args.no_bisect:
             oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
             t["bisect"] = bisect(path, args, out, oldest, package)
             t["status"] += "; " + _bisect_status(t["bisect"])
         t["minimized"] = minimize(path, args, out, new.python) if new.python else None
     elif old is not None and old.bad:
         t["status"] = (f"reproduced {old.rate} on the reporter's {old.lightning} + torch {old.torch}, "
-                       f"not on {where} ({new.rate}){at_master}")
+                       f"not on {where} ({new.rate}){at_master}{_unstable(unstable)}")
         if args.no_bisect:
             t["status"] += ": fixed since; the fix was not bisected (--no-bisect)"
+        elif same:  # the same release, a newer torch: torch fixed it
+            t["bisect"] = bisect(path, args, out, "2.0.0", package, fix=(old.torch, new.torch),
+                                 torch_axis=(new.lightning, old.torch, new.torch))
+            t["status"] += "; " + _bisect_status(t["bisect"])
         else:  # where it went away, on the reporter's torch
             t["bisect"] = bisect(path, args, out, old.lightning, package, old.torch,
                                  fix=(old.lightning, new.lightning))
@@ -1165,6 +1196,13 @@ def _v(version: str):
     return Version(version)
 
 
+def _unstable(cells: list) -> str:
+    if not cells:
+        return ""
+    return ("; unstable (" + ", ".join(f"{c.rate} on {c.lightning}" for c in cells) + "): the bisect "
+            "ran with --trials auto")
+
+
 def _bisect_status(b: dict | None) -> str:
     if not b:
         return "the bisect gave no report"
@@ -1173,9 +1211,11 @@ def _bisect_status(b: dict | None) -> str:
     fix = b.get("find_fix")
     rel = (b.get("releases") or {}).get("outcome") or {}
     com = (b.get("commits") or {}).get("outcome") or {}
+    what = "torch " if b.get("axis") == "torch" else ""
     if rel.get("status") == "found":
-        text = (f"fixed in {rel.get('first_bad')} (the last with the bug: {rel.get('last_good')})" if fix
-                else f"regressed in {rel.get('first_bad')} (last good {rel.get('last_good')})")
+        first, last = rel.get("first_bad"), rel.get("last_good")
+        text = (f"fixed in {what}{first} (the last with the bug: {last})" if fix
+                else f"regressed in {what}{first} (last good {last})")
         if com.get("status") == "found":
             sha = str(com.get("first_bad"))
             from tools.gitrange import Commit
