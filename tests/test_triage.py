@@ -295,7 +295,7 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     # reporter's own script, without and with the patches, in the cell they target
     assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
                                        "2.13.0 (CPU); it is #20340: bad before, good after with the "
-                                       "series' fix"), comment.splitlines()[0]
+                                       "series' fix (one run each)"), comment.splitlines()[0]
     (known,) = data["known"]
     assert (known["cell"], known["before"], known["after"]) == ("pl2_6_6_torch2_13_0", "bad", "good")
     assert "lightning-ddp-rewrap-on-trainable-change.patch" in known["patches"]
@@ -406,6 +406,33 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
     assert not asked["auto"] and "unstable" not in t["status"]
 
 
+def test_a_bug_only_master_shows_is_said_so_and_not_bisected(tmp_path, monkeypatch):
+    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+    monkeypatch.setattr(triage, "master_cell", lambda args, package, newest: triage.Cell(
+        "master", package, "master abc123", "2.13.0", source="/nowhere", base=newest))
+
+    def run_cell(cell, script, args, out, launcher, site, after=0):
+        cell.verdicts, cell.reasons = ["bad" if cell.label == "master" else "good"], [""]
+
+    monkeypatch.setattr(triage, "run_cell", run_cell)
+    monkeypatch.setattr(triage, "bisect", lambda *a, **k: pytest.fail("nothing to bisect"))
+    t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--trials", "1",
+                                         "--minimize-budget", "0", "--out", str(tmp_path / "out")]))
+    assert t["status"].startswith("reproduced 1/1 at master abc123 only, not in a release: 0/1 on "
+                                  "pytorch-lightning 2.6.6"), t["status"]
+    assert "questions" not in t
+
+
+def test_a_divergence_is_taken_for_20340_only_where_trainability_changes():
+    line = "replicas diverged at step 12 (epoch 2): 2 of 4 parameters differ"
+    assert [r.issue for r in triage.known(line + "\ncallbacks=[BackboneFinetuning(2)]")] == [20340]
+    assert triage.known(line + "\nopt = SGD(model.parameters(), lr=rank + 1)") == []
+    assert [r.issue for r in triage.known("AttributeError: 'NoneType' object has no attribute "
+                                          "'reducer'")] == [20706]
+
+
 def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monkeypatch):
     monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage, "resolve", lambda package, version: version)
@@ -447,6 +474,8 @@ def test_a_script_for_two_nodes_runs_as_two_nodes_in_the_sandbox(tmp_path):
     assert data["signature"].startswith("RuntimeError: node")  # the cause, not the peer's gloo error
     (cell,) = data["cells"]
     assert cell["verdicts"] == ["bad"], cell  # raised where the report says, on the second node
+    logs = tmp_path / "out" / "logs"  # each node's output, copied out of the sandbox's own folder
+    assert "lost its shard" in "".join(p.read_text() for p in logs.glob("*.node*.stderr"))
     assert data["status"].startswith("reproduced 1/1 on pytorch-lightning 2.6.6 + torch 2.13.0")
 
 

@@ -28,7 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -301,6 +301,7 @@ class Bisector:
         pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe")
         futures = [pool.submit(self.verdict, n) for n in names]
         try:
+            wait(futures, return_when=FIRST_EXCEPTION)  # a harness failure ends the round now
             verdicts = [f.result() for f in futures]
         except BaseException:  # Ctrl-C, SIGTERM, a harness failure: stop the round's runs
             harness.ABORT.set()
@@ -433,8 +434,9 @@ class Bisector:
                 if tally["untestable"]:
                     return self._finish(Outcome(
                         "untestable", self.candidates[bad], None, [], self.steps, bad + 1,
-                        why=f"no good release found among the {len(tally['bad'])} testable ones; "
-                            f"{len(tally['untestable'])} could not run"), ends)
+                        why=(f"no {'good ' if not self.fix else ''}release found"
+                             f"{' with the bug' if self.fix else ''} among the {len(tally['bad'])} "
+                             f"testable ones; {len(tally['untestable'])} could not run")), ends)
                 return self._finish(Outcome("no-good", self.candidates[bad], None, [], self.steps,
                                             bad + 1), ends)
             codes = self.steps_of(self.candidates[good])[-1].codes

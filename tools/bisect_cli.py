@@ -151,7 +151,8 @@ def parse_args(argv) -> Config:
     contract.add_check_replicas(p)
     p.add_argument("--jobs", default="auto", metavar="K",
                    help="candidates tested at once per round, each a fresh process (default auto: "
-                        f"the machine's cores for two-rank runs, here {default_jobs()})")
+                        "one per two cores for a script of yours; 1 for the workspace's own repros, "
+                        "whose runs fork from a preloaded runner, and with --executor slurm)")
     contract.add_nodes(p)
     p.add_argument("--sandbox", action="store_true",
                    help="run the repro in the launcher's sandbox (no network but loopback, a throwaway "
@@ -181,7 +182,11 @@ def parse_args(argv) -> Config:
         raise BadInput("--axis torch needs --lightning VERSION")
     if args.tier == "commits" and not (args.good and args.bad):
         raise BadInput("a commit bisect needs --good and --bad refs")
-    jobs = default_jobs() if args.jobs == "auto" else (int(args.jobs) if args.jobs.isdigit() else 0)
+    if args.jobs == "auto":  # parallel fresh processes, or one at a time forked from a preloaded runner
+        preloaded = own is not None and not args.fresh_process
+        jobs = 1 if preloaded or args.executor == "slurm" else default_jobs()
+    else:
+        jobs = int(args.jobs) if args.jobs.isdigit() else 0
     if jobs < 1:
         raise BadInput("--jobs takes a number >= 1, or auto")
     contract.check_nodes(args)
@@ -245,7 +250,8 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
         LAUNCHER = launcher_for(cfg, out)
     r = LAUNCHER.run(Run(tuple(argv), python, kind=cfg.run_as, env=extra_env or {}, timeout=cfg.timeout,
                          signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate,
-                         check_replicas=cfg.check_replicas, sandbox=cfg.sandbox))
+                         check_replicas=cfg.check_replicas, sandbox=cfg.sandbox,
+                         multinode=own.multinode if own else "torchrun"))
     reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
     if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
         reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"
@@ -406,7 +412,7 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
     # a worktree of its own: a second bisect at the same time takes the next one (and each of
     # this one's parallel probes one of its own)
     trees = queue.SimpleQueue()
-    for _ in range(cfg.jobs):
+    for _ in range(min(cfg.jobs, len(candidates))):
         trees.put(gitrange.Worktree.claim(repo, CACHE / "worktrees" / repo.working_dir.split("/")[-1]))
     base = base_release(cfg, bad_ref, candidates[-1].date, first_bad)
     if cfg.torch != "auto":

@@ -436,17 +436,18 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
     run_id = f"{os.getpid()}-{time.time_ns()}"
     ranks_file = _ranks_file()
     with ranks_file:
-        try:
+        with _LOCK:  # started and recorded before another thread's run looks for escaped processes
             try:
-                proc = start(out_w, err_w, ranks_file.name, (out_r, err_r), run_id)
-            finally:
-                os.close(out_w)
-                os.close(err_w)
-        except OSError as exc:
-            sink.close()
-            return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
-        watchdog = _watchdog(proc.pid)
-        _STARTED.update({proc.pid, watchdog.pid})
+                try:
+                    proc = start(out_w, err_w, ranks_file.name, (out_r, err_r), run_id)
+                finally:
+                    os.close(out_w)
+                    os.close(err_w)
+            except OSError as exc:
+                sink.close()
+                return RunResult(contract.FAIL, "error", f"could not start: {exc}", 0.0, None)
+            watchdog = _watchdog(proc.pid)
+            _STARTED.update({proc.pid, watchdog.pid})
         try:
             why = _wait(proc, timeout, peer_grace, ranks_file.name, stop=stop, pump=sink.pump)
         except BaseException:  # Ctrl-C, SIGTERM: no verdict, but never leave ranks behind
@@ -457,9 +458,10 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
             _end_watchdog(watchdog)
         leftovers = kill_group(proc.pid)
         proc.wait()
-        leftovers += _kill_escaped(started, run_id, {proc.pid, watchdog.pid})
-        _reap({proc.pid, watchdog.pid})
-        _STARTED.difference_update({proc.pid, watchdog.pid})
+        with _LOCK:
+            leftovers += _kill_escaped(started, run_id, {proc.pid, watchdog.pid})
+            _reap({proc.pid, watchdog.pid})
+            _STARTED.difference_update({proc.pid, watchdog.pid})
         sink.drain()
         seconds = round(time.monotonic() - started, 2)
         stdout, stderr = sink.close()
@@ -480,6 +482,9 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
 
 
 _STARTED: set[int] = set()  # leaders and watchdogs of runs under way here (every thread's)
+# held while a run starts and records its processes, and while one looks for escaped processes:
+# runs in several threads (parallel probes, the nodes of a job) never take each other's for daemons
+_LOCK = threading.Lock()
 
 
 def _subreaper() -> None:
@@ -521,7 +526,7 @@ def _kill_escaped(since: float, run_id: str, own: set[int]) -> list[int]:
     their pids are returned, for the run's ``leftovers``."""
     session = os.getsid(0)
     busy = set(own)
-    for pid in _STARTED:
+    for pid in tuple(_STARTED):
         try:
             busy.add(os.getsid(pid))
         except OSError:

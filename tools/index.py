@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -97,7 +98,8 @@ def _project_json(name: str) -> dict:
             raise UnknownRelease(f"no project {name!r} on the package index") from None
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")  # two processes may fetch it at once
+    # two processes, or two threads of one (parallel probes), may fetch it at once
+    tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
     return data

@@ -231,6 +231,9 @@ class Launcher:
         isolated = run.sandbox != "network"
         if isolated and not sandbox_works():
             return harness.RunResult(contract.FAIL, "error", SANDBOX_MISSING, 0.0, None)
+        if self.how.nodes > 1 and (run.kind != "python" or run.multinode != "torchrun"):
+            return harness.RunResult(contract.SKIP, "skip", "several nodes in the sandbox: only a Python "
+                                     "script a torchrun starts on each node", 0.0, None)
         with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
             home, temp, work = (Path(tmp) / d for d in ("home", "tmp", "work"))
             for d in (home, temp, work):
@@ -243,8 +246,10 @@ class Launcher:
                 writable.append(str(Path(report).resolve()))
             nodes_log = None
             if self.how.nodes > 1 and run.kind == "python":  # tools.nodes inside writes the nodes' logs
-                nodes_log = Path(run.log_stem) if run.log_stem else Path(tmp) / "job"
-                nodes_log.parent.mkdir(parents=True, exist_ok=True)
+                # in a folder of the sandbox's own, copied out afterwards: the script can reach
+                # neither the run's other logs nor the file its judgement is read from
+                nodes_log = Path(tmp) / "nodes" / "job"
+                nodes_log.parent.mkdir()
                 writable.append(str(nodes_log.parent.resolve()))
             env = {k: v for k, v in os.environ.items() if k in SANDBOX_ENV}
             env = {**env, **run.env, "HOME": str(home), "TMPDIR": str(temp),
@@ -253,16 +258,24 @@ class Launcher:
                 env = harness.env_for(run.python, env)
             command, timeout = run.command(), run.timeout
             if nodes_log is not None:  # the nodes of the job, launched inside: one sandbox for all
-                command = [sys.executable, "-m", "tools.nodes", "--nodes", str(self.how.nodes),
+                # the workspace on tools.nodes' own path only (not on the script's: its modules
+                # must not shadow the reporter's)
+                start = (f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
+                         "runpy.run_module('tools.nodes', run_name='__main__', alter_sys=True)")
+                command = [sys.executable, "-c", start, "--nodes", str(self.how.nodes),
                            "--ranks-per-node", str(self.how.ranks_per_node), "--timeout", str(run.timeout),
                            "--log", str(nodes_log.resolve()),
                            *(["--signature", run.signature] if run.signature else []), "--", *command]
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
                 timeout = run.timeout + 60  # the job's own limit ends it first
             argv = (*SANDBOX, *command) if isolated else tuple(command)
             result = harness.run(list(argv), timeout=timeout, log_stem=run.log_stem, env=env, cwd=cwd,
                                  signature=None if nodes_log else run.signature, peer_grace=run.peer_grace)
-            return _job_result(result) if nodes_log is not None else result
+            if nodes_log is None:
+                return result
+            if run.log_stem:  # the nodes' logs next to the run's: <stem>.node0.stdout, ...
+                for log in nodes_log.parent.glob(f"{nodes_log.name}.node*"):
+                    shutil.copyfile(log, f"{run.log_stem}{log.name.removeprefix(nodes_log.name)}")
+            return _job_result(result)
 
     def close(self) -> None:
         if self.runner is not None:

@@ -164,7 +164,8 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
             raise BadInput(f"LIGHTNING_REPO: {err}") from None
     else:  # the series' file, its placeholder author replaced by the user's identity
         text = patches.read(patch.path, patch.name)
-        out[patch.name] = re.sub(r"^From: .*$", f"From: {who[0]} <{who[1]}>", text, count=1, flags=re.M)
+        author = f"From: {who[0]} <{who[1]}>"
+        out[patch.name] = re.sub(r"^From: .*$", lambda _: author, text, count=1, flags=re.M)
     return out
 
 

@@ -692,14 +692,23 @@ def master_cell(args, package: str, newest: str) -> Cell | None:
     environment (as the commit bisect runs commits); None without a checkout."""
     if not args.repo:
         return None
+    import git
+
     from tools import bisect_cli, gitrange
 
     try:
         repo = gitrange.open_repo(args.repo, bisect_cli.CACHE / "repos", log=lambda m: progress("run", m))
-        sha = gitrange.resolve(repo, "master")
+        try:  # the source's master now (a local source was fetched by open_repo)
+            repo.git.fetch("--quiet", "origin", "+refs/heads/master:refs/remotes/origin/master")
+        except git.GitCommandError as err:
+            progress("run", f"master not fetched ({str(err).strip().splitlines()[-1][:120]}): the clone's")
+        try:
+            sha = gitrange.resolve(repo, "origin/master")
+        except BadInput:
+            sha = gitrange.resolve(repo, "master")
         tree = gitrange.Worktree.claim(repo, bisect_cli.CACHE / "worktrees" / repo.working_dir.split("/")[-1])
         path = tree.checkout(sha)
-    except (BadInput, OSError) as err:
+    except (BadInput, OSError, git.GitError) as err:
         progress("run", f"no master cell: {err}")
         return None
     return Cell("master", package, f"master {sha[:12]}", NEWEST_TORCH, source=str(path), base=newest)
@@ -934,9 +943,13 @@ def _comment(t: dict) -> str:
                              f"{k['package']} {k['lightning']} + torch {k['torch']}: bad {k['rate']} "
                              f"({ended})")
             elif k.get("cell"):  # the reporter's script with the series' fix
+                tail = ("" if k["ok"] else ": inconclusive (not bad without them)" if k["before"] != "bad"
+                        else f": not fixed by them ({k.get('after_detail') or ''})")
                 lines.append(f"- {link}: the reporter's script in `{k['cell']}` is {k['before']} without and "
-                             f"{k['after']} with the series' patches ({', '.join(k['patches'])})"
-                             + ("" if k["ok"] else f": not fixed by them ({k.get('after_detail') or ''})"))
+                             f"{k['after']} with the series' patches ({', '.join(k['patches'])}), one run "
+                             f"each{tail}")
+            elif k.get("why"):
+                lines.append(f"- {link}: the series' fix could not be tried: {k['why']}")
             else:
                 lines.append(f"- {link}: matches its signature; no patch of the series targets these "
                              "versions")
@@ -1004,6 +1017,8 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def triage(args) -> dict:
+    SEEN.clear()  # what this triage's runs showed, not an earlier one's in the same process
+    RUNS.clear()
     issue = read_issue(args.issue)
     out = Path(args.out) if args.out else results.kind_dir("triage") / issue.id
     try:
@@ -1133,6 +1148,10 @@ def triage(args) -> dict:
                                  fix=(old.lightning, new.lightning))
             t["status"] += "; " + _bisect_status(t["bisect"])
         t["minimized"] = minimize(path, args, out, old.python) if old.python else None
+    elif master is not None and master.bad:  # not in a release yet
+        t["status"] = (f"reproduced {master.rate} at {master.lightning} only, not in a release: {new.rate} "
+                       f"on {where}{_unstable(unstable)}" + (f", {old.rate} on the reporter's {old.lightning}"
+                                                              if old is not None else ""))
     elif not any(c.tested for c in cells):
         why = next((r for c in cells for r in c.reasons), "no run ended")
         t["status"] = f"could not test: every run ended without a verdict ({why[:160]})"
@@ -1146,7 +1165,7 @@ def triage(args) -> dict:
 def known_bug(script: Path, package: str, cell: Cell, args, out: Path, t: dict) -> str:
     """A reproduced report that shows a bug the workspace has a fix for in its series: the
     reporter's script without and with the series, in the newest cell. The status's words."""
-    text = "\n".join([*t.get("tracebacks", []), SEEN.get(cell.label, "")])
+    text = "\n".join([*t.get("tracebacks", []), script.read_text(errors="replace"), SEEN.get(cell.label, "")])
     said = []
     for repro in known(text):
         fixes = patches_for(repro)
@@ -1156,11 +1175,22 @@ def known_bug(script: Path, package: str, cell: Cell, args, out: Path, t: dict) 
                                               "patches": [p.name for p in fixes], "ok": None})
             said.append(f"it looks like #{repro.issue} (no patch of the series to try here)")
             continue
-        row = fixed_by_series(script, repro, cell_id, args, out)
+        try:
+            row = fixed_by_series(script, repro, cell_id, args, out)
+        except (envs.EnvError, OSError, BadInput, subprocess.SubprocessError) as err:
+            t.setdefault("known", []).append({"repro": repro.name, "issue": repro.issue, "ok": None,
+                                              "patches": [p.name for p in fixes], "why": str(err)[:200]})
+            said.append(f"it looks like #{repro.issue}; the series' fix could not be tried "
+                        f"({str(err)[:100]})")
+            continue
         t.setdefault("known", []).append(row)
         verdicts = f"{row['before']} before, {row['after']} after"
-        said.append(f"it is #{repro.issue}: {verdicts} with the series' fix" if row["ok"] else
-                    f"it looks like #{repro.issue}, but the series' fix does not change it ({verdicts})")
+        if row["ok"]:
+            said.append(f"it is #{repro.issue}: {verdicts} with the series' fix (one run each)")
+        elif row["before"] != "bad":  # the run without the series did not show it: no evidence either way
+            said.append(f"it looks like #{repro.issue}; inconclusive: {verdicts} with the series' fix")
+        else:
+            said.append(f"it looks like #{repro.issue}, but the series' fix does not change it ({verdicts})")
     return "".join(f"; {x}" for x in said)
 
 
