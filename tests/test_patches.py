@@ -512,6 +512,40 @@ RUNNER_CTRL_C = [(signal.SIGINT, "group", 0), (signal.SIGINT, "tool", 30)]  # fo
 NOX_CTRL_C = [(signal.SIGINT, "group", 0.3), (signal.SIGTERM, "tool", 0.2), (signal.SIGKILL, "tool", 30)]
 
 
+@pytest.mark.timeout(60)
+def test_a_second_signal_does_not_leave_uv_unreaped(monkeypatch):
+    """Ctrl-C, then (as plain nox does 0.3 s later) SIGTERM while uv is being killed: uv is still
+    waited for (reaped) before the interrupt goes on, so it is gone before its folder is removed."""
+    class Term(Exception):
+        pass
+
+    def raise_term(signum, frame):
+        raise Term
+
+    previous = signal.signal(signal.SIGTERM, raise_term)
+    real_wait = subprocess.Popen.wait
+    calls, reaped = [], []
+
+    def wait(self, timeout=None):
+        calls.append(self.pid)
+        if len(calls) == 1:  # the first wait: Ctrl-C arrives
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal, in the middle of the kill-wait
+        code = real_wait(self, timeout)
+        reaped.append(len(calls))
+        return code
+
+    monkeypatch.setattr(subprocess.Popen, "wait", wait)
+    try:
+        with pytest.raises((KeyboardInterrupt, Term)):
+            from tools import validate_patches
+
+            validate_patches._uv(["sleep", "60"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert reaped == [2]  # the kill's own wait ran to its end, the second signal after it
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 @pytest.mark.parametrize("signals", [KILL, CTRL_C, RUNNER_CTRL_C, NOX_CTRL_C],

@@ -109,8 +109,14 @@ def _uv(cmd: list[str], **kwargs) -> None:
         try:
             code = proc.wait()
         except BaseException:
-            proc.kill()
-            proc.wait()
+            # a second signal (plain nox sends SIGTERM 0.3 s after Ctrl-C) must not cut this
+            # wait short: uv would be left unreaped, perhaps still writing, while the folder goes
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                proc.kill()
+                proc.wait()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             raise
     if code:
         raise subprocess.CalledProcessError(code, cmd)
