@@ -487,6 +487,16 @@ _STARTED: set[int] = set()  # leaders and watchdogs of runs under way here (ever
 _LOCK = threading.Lock()
 
 
+def _new_lock() -> None:
+    """A forked run's own lock: ``run_forked`` forks while holding it, and the fork (a repro that
+    launches runs of its own, as the stress repro does) would wait on that copy forever."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
 def _subreaper() -> None:
     """Make this process the one that inherits the orphans of its runs (Linux's
     PR_SET_CHILD_SUBREAPER): a process a run started that left the run's group on purpose
