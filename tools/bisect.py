@@ -354,52 +354,35 @@ class Bisector:
                 above = [i for i, v in seen.items() if v == "bad" and (good is None or i > good)]
                 return good, min([bad, *above])
 
-    def _bisect_parallel(self, good: int, bad: int) -> Outcome:
-        """``bisect`` with ``jobs`` candidates a round, spread evenly over what is left."""
-        skipped: set[int] = set()
-        size = bad - good - 1
-        while True:
-            untested = [i for i in range(good + 1, bad) if i not in skipped]
-            if not untested:
-                break
+    def _round(self, good: int, bad: int, untested: list[int]) -> dict[int, str]:
+        """The next verdicts between ``good`` and ``bad``: the middle one, or, with ``jobs`` > 1,
+        that many spread evenly over what is left, tested at once."""
+        label = lambda i: self.label(self.candidates[i])  # noqa: E731
+        if self.jobs > 1:
             k = min(self.jobs, len(untested))
             picks = sorted({untested[(len(untested) * (j + 1)) // (k + 1)] for j in range(k)})
             self.log(f"[~{math.ceil(math.log(len(untested) + 1, k + 1))} rounds left] {len(untested)} "
-                     f"candidates between {self.label(self.candidates[good])} and "
-                     f"{self.label(self.candidates[bad])}")
-            seen = self.probe(picks)
-            skipped |= {i for i, v in seen.items() if v == "skip"}
-            bad = min([bad, *(i for i, v in seen.items() if v == "bad")])
-            good = max([good, *(i for i, v in seen.items() if v == "good" and i < bad)])
-        between = [self.candidates[i] for i in sorted(skipped) if good < i < bad]
-        return Outcome("ambiguous" if between else "found", self.candidates[bad],
-                       self.candidates[good], between, self.steps, size)
+                     f"candidates between {label(good)} and {label(bad)}")
+            return self.probe(picks)
+        middle = (good + bad) / 2
+        index = min(untested, key=lambda i: (abs(i - middle), i))
+        self.log(f"[step {len(self.steps) + 1}, ~{math.ceil(math.log2(len(untested) + 1))} left] "
+                 f"{len(untested)} candidates between {label(good)} and {label(bad)}; testing "
+                 f"{label(index)}, elapsed {time.monotonic() - self.started:.0f} s")
+        return {index: self.verdict(self.candidates[index])}
 
     def bisect(self, good: int, bad: int) -> Outcome:
         """Between a verified good index and a verified bad index (good < bad)."""
-        if self.jobs > 1:
-            return self._bisect_parallel(good, bad)
         skipped: set[int] = set()
         size = bad - good - 1
         while True:
             untested = [i for i in range(good + 1, bad) if i not in skipped]
             if not untested:
                 break
-            middle = (good + bad) / 2
-            index = min(untested, key=lambda i: (abs(i - middle), i))
-            remaining = len(untested)
-            self.log(f"[step {len(self.steps) + 1}, ~{math.ceil(math.log2(remaining + 1))} left] "
-                     f"{remaining} candidates between {self.label(self.candidates[good])} and "
-                     f"{self.label(self.candidates[bad])}; testing "
-                     f"{self.label(self.candidates[index])}, elapsed "
-                     f"{time.monotonic() - self.started:.0f} s")
-            verdict = self.verdict(self.candidates[index])
-            if verdict == "good":
-                good = index
-            elif verdict == "bad":
-                bad = index
-            else:
-                skipped.add(index)
+            seen = self._round(good, bad, untested)
+            skipped |= {i for i, v in seen.items() if v == "skip"}
+            bad = min([bad, *(i for i, v in seen.items() if v == "bad")])
+            good = max([good, *(i for i, v in seen.items() if v == "good" and i < bad)])
         between = [self.candidates[i] for i in sorted(skipped) if good < i < bad]
         return Outcome("ambiguous" if between else "found", self.candidates[bad],
                        self.candidates[good], between, self.steps, size)

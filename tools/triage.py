@@ -831,6 +831,7 @@ def run_known(repro, package: str, lightning: str, torch: str, args, out: Path, 
         progress("known", f"  trial {trial + 1}/{args.trials}: {r.verdict} ({(r.reason or '')[:120]})")
     bad, tested = row["verdicts"].count("bad"), sum(v in ("bad", "good") for v in row["verdicts"])
     row["rate"] = f"{bad}/{tested}"
+    row["tested"] = tested
     return row
 
 
@@ -1211,8 +1212,10 @@ def traceback_matches(matches: list, tbs: list[str], said: dict, args, out: Path
     with Launcher() as launcher:
         rows = [run_known(r, package, lightning, torch, args, out, launcher) for r in matches]
     t["known"] = rows
-    said_rows = [f"it matches #{r['issue']} (the workspace's repro `{r['repro']}`): bad {r['rate']} on "
-                 f"{package} {lightning} + torch {torch}" for r in rows]
+    said_rows = [f"it matches #{r['issue']} (the workspace's repro `{r['repro']}`): "
+                 + (f"bad {r['rate']}" if r.get("tested") else  # no run could test: no verdict
+                    f"could not test ({(r['reasons'] or ['no run'])[0][:100]})")
+                 + f" on {package} {lightning} + torch {torch}" for r in rows]
     return "; ".join(said_rows)
 
 
