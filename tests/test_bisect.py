@@ -395,7 +395,6 @@ def test_commit_probes_in_parallel_each_in_a_worktree_of_its_own(tmp_path, no_en
 @pytest.mark.parametrize("jobs, message", [
     (["--jobs", "0"], "--jobs takes a number >= 1, or auto"),
     (["--jobs", "two"], "--jobs takes a number >= 1, or auto"),
-    (["--jobs", "2", "--executor", "slurm"], "--jobs with --executor slurm is not built yet"),
 ])
 def test_bad_jobs_are_bad_input(tmp_path, no_envs, capsys, jobs, message):
     assert cli(tmp_path, tmp_path, "--good", "a", "--bad", "b", *jobs) == 2

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -227,3 +228,103 @@ def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(tmp_path):
     local = harness.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "local")
     assert r.code == local.code == contract.BAD
     assert r.record["details"]["first_diverging_epoch"] == local.record["details"]["first_diverging_epoch"]
+
+
+def test_a_round_of_probes_is_one_job_array_and_each_probe_gets_its_own_task(tmp_path):
+    """Three probes: one good run, one bad, one that ends without a run (as a cached verdict
+    does). The two runs go out as one array of two tasks, each judged as a local run; a probe's
+    second run (``--trials``) then goes out alone."""
+    got: dict[str, list] = {}
+    lines: list[str] = []
+    opts = slurm_jobs.Options(time="10", ranks_per_node=1)
+
+    def probe(name, codes):
+        for i, code in enumerate(codes):
+            said = f"print('marker: bug' if {code} else 'fine'); raise SystemExit({code})"
+            cmd = [sys.executable, "-c", said]
+            got.setdefault(name, []).append(slurm_jobs.run(
+                cmd, timeout=60, log_stem=tmp_path / name / f"run{i}", signature="marker: bug",
+                env=dict(os.environ), opts=opts))
+
+    with slurm_jobs.array_round(3, opts, log=lines.append) as gathered:
+        def thread(name, codes):
+            try:
+                probe(name, codes)
+            finally:
+                gathered.leave()
+
+        threads = [threading.Thread(target=thread, args=a) for a in
+                   (("good", [0, 0]), ("bad", [1]), ("cached", []))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        arrays = list(gathered.arrays)
+    assert [r.code for r in got["good"]] == [contract.GOOD, contract.GOOD], got
+    assert [r.code for r in got["bad"]] == [contract.BAD], got
+    assert len(arrays) == 2, lines
+    assert [line for line in lines if "array job" in line] == [
+        f"[slurm] array job {arrays[0]}: 2 task(s), one per probe of the round",
+        f"[slurm] array job {arrays[1]}: 1 task(s), one per probe of the round"]
+    assert slurm_jobs._ROUND is None
+
+
+def test_a_parallel_commit_bisect_on_slurm_runs_one_array_per_round(tmp_path, monkeypatch, capsys):
+    import test_bisect
+
+    from tools import bisect_cli, envs
+
+    monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11", log=None: Path(sys.executable))
+    monkeypatch.setattr(envs, "plan", test_bisect.fake_plan)
+    monkeypatch.setattr(envs, "install_plan", lambda *args: test_bisect.fake_plan([]))
+    monkeypatch.setattr(envs, "era_torch", lambda moment: "2.13.0")
+    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    repo, shas = test_bisect.make_repo(tmp_path / "lightning")
+    assert test_bisect.cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master", "--jobs", "3",
+                           "--executor", "slurm", "--time", "10") == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]
+    assert data["outcome"]["first_bad"] == shas[7]
+    out = capsys.readouterr().out
+    arrays = [line for line in out.splitlines() if "[slurm] array job" in line]
+    rounds = [line for line in out.splitlines() if line.lstrip().startswith("[round ")]
+    assert rounds and len(arrays) == len(rounds), out[-3000:]
+    assert any(": 3 task(s)" in line for line in arrays), arrays
+
+
+PROBE_ROUND = '''
+import os, sys
+from tools import bisect, slurm_jobs
+here, opts = sys.argv[1], slurm_jobs.Options(time="10", ranks_per_node=1)
+
+def test(c):
+    slow = f"import pathlib, time; pathlib.Path({here!r}, {c!r} + '.started').touch(); time.sleep(300)"
+    r = slurm_jobs.run([sys.executable, "-c", slow], timeout=400, log_stem=f"{here}/{c}", signature="x",
+                       env=dict(os.environ), opts=opts)
+    return r.code, r.reason, r.final
+
+b = bisect.Bisector(list("abcd"), test, str, bisect.State(None), jobs=2,
+                    round_scope=lambda n: slurm_jobs.array_round(n, opts))
+try:
+    b.probe([1, 2])
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+'''
+
+
+def test_ctrl_c_during_a_round_cancels_its_job_array(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", PROBE_ROUND, str(tmp_path)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        started = [tmp_path / "b.started", tmp_path / "c.started"]
+        while not all(p.exists() for p in started):  # both tasks of the one array are running
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "interrupted" in out, out
+    queued = subprocess.run(["squeue", "-h", "-o", "%j %T"], capture_output=True, text=True).stdout
+    assert f"bisect-round-{proc.pid}-" not in queued, queued

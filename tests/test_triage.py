@@ -329,6 +329,23 @@ def test_a_bug_fixed_since_the_reporters_release_gets_its_fix_bisected(tmp_path)
         assert master["label"] == "master" and master["verdicts"] == ["good"], master
 
 
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+def test_a_script_report_without_its_lightning_version_runs_in_the_fingerprinted_release(tmp_path):
+    """No Lightning version stated: the reporter's cell is the release whose source has every
+    quoted line of the traceback's frames (real wheels or tags), and the script is bad there."""
+    code, out, err = run_triage(tmp_path, str(ISSUES / "no_version.md"), "--trials", "1",
+                                "--no-bisect", "--minimize-budget", "0")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["versions_said"]["lightning"] is None and data["versions_fingerprinted"] == "2.5.0"
+    assert [(c["label"], c["lightning"], c["torch"], c["verdicts"]) for c in data["cells"][:2]] == [
+        ("reporter's", "2.5.0", "2.13.0", ["bad"]),
+        ("newest", data["cells"][1]["lightning"], "2.13.0", ["good"])]
+    assert "- Versions not stated: the reporter's is 2.5.0" in (tmp_path / "out" / "comment.md").read_text()
+
+
 # -- what a cold review found ---------------------------------------------------------------------
 
 def test_the_cause_is_chosen_over_a_peers_consequence_and_short_messages_are_extended():

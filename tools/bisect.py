@@ -22,6 +22,7 @@ several threads (its runs fresh processes). An interrupt stops the runs of the r
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import json
@@ -171,8 +172,11 @@ class Bisector:
     def __init__(self, candidates: Sequence[str], test: Callable[[str], tuple[int, str | None]],
                  key: Callable[[str], str], state: State, trials: int = 1,
                  log: Callable[[str], None] = print, label: Callable[[str], str] = str,
-                 fix: bool = False, jobs: int = 1):
+                 fix: bool = False, jobs: int = 1, round_scope: Callable | None = None):
         self.candidates = list(candidates)
+        # a round's context (K probes -> one with ``leave()``, called as each probe ends): the
+        # SLURM executor's job array per round (``slurm_jobs.array_round``)
+        self.round_scope = round_scope
         self.fix = fix
         self.jobs = max(1, jobs)
         self.rounds = 0  # rounds of parallel probes (jobs > 1)
@@ -298,17 +302,26 @@ class Bisector:
         elapsed = time.monotonic() - self.started
         self.log(f"[round {self.rounds}] testing {len(names)} at once: "
                  + ", ".join(self.label(n) for n in names) + f", elapsed {elapsed:.0f} s")
-        pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe")
-        futures = [pool.submit(self.verdict, n) for n in names]
-        try:
-            wait(futures, return_when=FIRST_EXCEPTION)  # a harness failure ends the round now
-            verdicts = [f.result() for f in futures]
-        except BaseException:  # Ctrl-C, SIGTERM, a harness failure: stop the round's runs
-            harness.ABORT.set()
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            harness.ABORT.clear()
+        scope = self.round_scope(len(names)) if self.round_scope else contextlib.nullcontext()
+        with scope as gathered:
+            def one(name: str) -> str:
+                try:
+                    return self.verdict(name)
+                finally:
+                    if gathered is not None:  # the others no longer wait for this probe's runs
+                        gathered.leave()
+
+            pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="probe")
+            futures = [pool.submit(one, n) for n in names]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)  # a harness failure ends the round now
+                verdicts = [f.result() for f in futures]
+            except BaseException:  # Ctrl-C, SIGTERM, a harness failure: stop the round's runs
+                harness.ABORT.set()
+                raise
+            finally:
+                pool.shutdown(wait=True)
+                harness.ABORT.clear()
         return dict(zip(indexes, verdicts, strict=True))
 
     def search_good(self, bad: int) -> tuple[int | None, int]:

@@ -152,7 +152,8 @@ def parse_args(argv) -> Config:
     p.add_argument("--jobs", default="auto", metavar="K",
                    help="candidates tested at once per round, each a fresh process (default auto: "
                         "one per two cores for a script of yours; 1 for the workspace's own repros, "
-                        "whose runs fork from a preloaded runner, and with --executor slurm)")
+                        "whose runs fork from a preloaded runner, and with --executor slurm, where "
+                        "--jobs K makes each round one job array of K tasks)")
     contract.add_nodes(p)
     p.add_argument("--sandbox", action="store_true",
                    help="run the repro in the launcher's sandbox (no network but loopback, a throwaway "
@@ -192,9 +193,6 @@ def parse_args(argv) -> Config:
     contract.check_nodes(args)
     if args.nodes > 1 and args.executor == "slurm":
         raise BadInput("--nodes is the local nodes' way; with --executor slurm give the job's own")
-    if jobs > 1 and args.executor == "slurm":
-        raise BadInput("--jobs with --executor slurm is not built yet (one job array per round); "
-                       "give --jobs 1")
     from packaging.requirements import InvalidRequirement, Requirement
 
     for requirement in args.extra:
@@ -208,6 +206,13 @@ def parse_args(argv) -> Config:
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
                   args.check_replicas, args.sandbox, args.find_fix, jobs, (args.nodes, args.ranks_per_node))
+
+
+def round_scope(cfg: Config):
+    """With ``--executor slurm`` and ``--jobs K``: each round of probes is one job array."""
+    if cfg.slurm is None or cfg.jobs < 2:
+        return None
+    return lambda probes: slurm_jobs.array_round(probes, cfg.slurm, log)
 
 
 def default_jobs(ranks: int = 2) -> int:
@@ -365,7 +370,7 @@ def release_ends(cfg: Config) -> tuple[list[str], int | None, int]:
 def release_tier(cfg: Config, ends, log, out: Path) -> tuple[Outcome, list[str], Bisector]:
     names, good, bad = ends
     b = Bisector(names, release_predicate(cfg, out), lambda c: release_key(cfg, c),
-                 State(cfg.state), 1, log, fix=cfg.find_fix, jobs=cfg.jobs)
+                 State(cfg.state), 1, log, fix=cfg.find_fix, jobs=cfg.jobs, round_scope=round_scope(cfg))
     # the rate is measured where the bug shows: the old end of a fix bisect
     at = names[good if cfg.find_fix and good is not None else bad]
     if cfg.trials == "auto" and cfg.find_fix and good is None:
@@ -469,7 +474,8 @@ def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_
         return f"{cfg.repro_key}|commit {sha}|torch=={torch}{on}|py{PY}{mode(cfg)}{signature_key(cfg)}"
 
     b = Bisector([c.sha for c in candidates], test, key, State(cfg.state), 1, log,
-                 label=lambda sha: by_sha[sha].label, fix=cfg.find_fix, jobs=cfg.jobs)
+                 label=lambda sha: by_sha[sha].label, fix=cfg.find_fix, jobs=cfg.jobs,
+                 round_scope=round_scope(cfg))
     at = candidates[0 if cfg.find_fix else -1].sha  # where the bug shows
     b.trials = b.auto_trials(at) if cfg.trials == "auto" else cfg.trials
     outcome = b.run(0, len(candidates) - 1)

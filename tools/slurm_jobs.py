@@ -19,7 +19,8 @@ or ship, and the command lines are the ones a cluster's users already know.
   ``STALE`` seconds (each job runs under ``guard``). A controller that stops answering for
   ``OUTAGE`` seconds ends the wait with every cell's row kept and a one-line reason (exit 128).
 - ``nox -s bisect -- --executor slurm ...``: each step is one job (``sbatch --wait``), its output
-  judged as a local run's.
+  judged as a local run's; with ``--jobs K`` each round of K probes is one job array
+  (``ArrayRound``).
 """
 
 from __future__ import annotations
@@ -231,7 +232,10 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
         env: dict | None, opts: Options, log=print) -> harness.RunResult:
     """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it: the job's
     ``--time`` bounds the run (time in the queue does not count); a job that timed out, was
-    cancelled or killed is "cannot test", not final (as a local timeout)."""
+    cancelled or killed is "cannot test", not final (as a local timeout). Inside a round of
+    parallel probes (``array_round``) it joins that round's job array."""
+    if _ROUND is not None:
+        return _ROUND.run(cmd, timeout=timeout, log_stem=log_stem, signature=signature, env=env)
     stem = Path(log_stem) if log_stem else results.run_dir("slurm") / f"step-{time.time_ns()}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     out_path, err_path = Path(f"{stem}.stdout"), Path(f"{stem}.stderr")
@@ -263,19 +267,178 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
         return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
                                  seconds, None)
     state = job_state(job) or "UNKNOWN"
+    return _judged(f"job {job}", state, proc.returncode, out_path, err_path, timeout, signature,
+                   seconds, log)
+
+
+def _judged(name: str, state: str, code: int | None, out_path: Path, err_path: Path, timeout: float,
+            signature: str | None, seconds: float, log) -> harness.RunResult:
+    """A job's (or array task's) end, judged as a local run of its command would be."""
     text = out_path.read_text(errors="replace") if out_path.exists() else ""
     err = err_path.read_text(errors="replace") if err_path.exists() else ""
     if state in ("TIMEOUT", "DEADLINE"):
-        j = contract.judge(proc.returncode, text, err, stopped="timeout", timeout=timeout)
-    elif state in ENDED - {"COMPLETED", "FAILED"}:  # cancelled, out of memory, node failure, ...
-        j = contract.Judgement(contract.SKIP, f"slurm job {job} {state}", None, False)
+        j = contract.judge(code, text, err, stopped="timeout", timeout=timeout)
+    elif state in ENDED - {"COMPLETED", "FAILED"} or code is None:  # cancelled, out of memory, ...
+        j = contract.Judgement(contract.SKIP, f"slurm {name} {state}", None, False)
     else:
-        j = nodes.judge_merged(proc.returncode, text, err, signature)
-    log(f"[slurm] job {job}: {state.lower()}, exit {proc.returncode}, {contract.name(j.code)}")
-    result = harness.RunResult(j.code, contract.name(j.code), j.reason, seconds, proc.returncode, j.record,
+        j = nodes.judge_merged(code, text, err, signature)
+    log(f"[slurm] {name}: {state.lower()}, exit {code}, {contract.name(j.code)}")
+    result = harness.RunResult(j.code, contract.name(j.code), j.reason, seconds, code, j.record,
                                final=j.final)
     result.stdout_path, result.stderr_path = str(out_path), str(err_path)
     return result
+
+
+# -- a round of parallel probes as one job array ---------------------------------------------
+
+_ROUND: ArrayRound | None = None  # the round in progress (``array_round``): runs join its array
+
+
+@dataclass
+class _Task:
+    cmd: list[str]
+    timeout: float
+    stem: Path
+    signature: str | None
+    env: dict
+    result: harness.RunResult | None = None
+    error: BaseException | None = None
+
+
+class ArrayRound:
+    """The runs of one round of parallel probes (``nox -s bisect -- --jobs K --executor slurm``),
+    submitted as one job array. Each probe's thread blocks in ``run``; once every probe still
+    going is waiting there (the others have ended: a cached verdict, an environment that could
+    not be made), the last to arrive submits them all as one ``sbatch --array`` and each gets
+    its own task's result. A probe that needs a second run (``--trials``) joins the next array."""
+
+    def __init__(self, probes: int, opts: Options, log=print):
+        self.live, self.opts, self.log = probes, opts, log
+        self.waiting: list[_Task] = []
+        self.cond = threading.Condition()
+        self.arrays: list[str] = []  # the job ids submitted, in order
+
+    def run(self, cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
+            env: dict | None) -> harness.RunResult:
+        stem = Path(log_stem) if log_stem else results.run_dir("slurm") / f"step-{time.time_ns()}"
+        task = _Task(cmd, timeout, stem, signature, dict(env or {}))
+        with self.cond:
+            self.waiting.append(task)
+            batch = self._ready()
+        if batch:
+            self._submit(batch)
+        with self.cond:
+            while task.result is None and task.error is None:
+                if harness.ABORT.is_set() and task in self.waiting:  # not submitted: never will be
+                    self.waiting.remove(task)
+                    return harness.RunResult(contract.SKIP, "skip", "aborted", 0.0, None, final=False)
+                self.cond.wait(0.5)
+        if task.error is not None:
+            raise task.error
+        return task.result
+
+    def leave(self) -> None:
+        """A probe's thread has ended: the others no longer wait for it."""
+        with self.cond:
+            self.live -= 1
+            batch = self._ready()
+        if batch:
+            self._submit(batch)
+
+    def _ready(self) -> list[_Task] | None:
+        if self.waiting and len(self.waiting) >= self.live and not harness.ABORT.is_set():
+            batch, self.waiting = self.waiting, []
+            return batch
+        return None
+
+    def _submit(self, batch: list[_Task]) -> None:
+        try:
+            outcomes = self._array(batch)
+        except BaseException as err:  # an outage, a failed sbatch: every probe of it hears so
+            aborted = harness.ABORT.is_set() and isinstance(err, KeyboardInterrupt)
+            with self.cond:
+                for task in batch:  # stopped with the round: as a local run that was aborted
+                    task.result = harness.RunResult(contract.SKIP, "skip", "aborted", 0.0, None,
+                                                    final=False) if aborted else None
+                    task.error = None if aborted else err
+                self.cond.notify_all()
+            return
+        with self.cond:
+            for task, result in zip(batch, outcomes, strict=True):
+                task.result = result
+            self.cond.notify_all()
+
+    def _array(self, batch: list[_Task]) -> list[harness.RunResult]:
+        first = batch[0].stem
+        first.parent.mkdir(parents=True, exist_ok=True)
+        base = first.parent / f"array-{os.getpid()}-{time.time_ns()}"
+        beat = Path(f"{base}.heartbeat")
+        cases = []
+        for i, task in enumerate(batch):
+            task.stem.parent.mkdir(parents=True, exist_ok=True)
+            exports = "".join(f"  export {k}={shlex.quote(v)}\n" for k, v in task.env.items()
+                              if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS")
+                              or k.startswith(("REPRO_", "WORKSPACE_")))
+            guarded = [sys.executable, *guard_command(beat), *task.cmd]
+            files = " ".join(f"{var}={shlex.quote(f'{task.stem}.{ext}')}"
+                             for var, ext in (("out", "stdout"), ("err", "stderr"), ("rc", "rc")))
+            cases.append(f"{i})\n{exports}  set -- {' '.join(shlex.quote(c) for c in guarded)}\n"
+                         f"  {files} ;;\n")
+        scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
+        script = Path(f"{base}.sh")
+        results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
+                             f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{scrub}"
+                             '"$@" >"$out" 2>"$err"\necho $? >"$rc"\n')
+        for task in batch:
+            Path(f"{task.stem}.rc").unlink(missing_ok=True)
+        name = f"bisect-round-{os.getpid()}-{time.time_ns()}"
+        limit = max(task.timeout for task in batch)
+        sbatch = ["sbatch", "--parsable", "--wait", f"--array=0-{len(batch) - 1}", f"--job-name={name}",
+                  f"--output={base}.%a.slurm", *self.opts.sbatch_args(),
+                  f"--time={max(1, int(limit // 60) + 1)}", str(script)]
+        started = time.monotonic()
+        with heartbeat(beat):
+            proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=slurm_env())
+            try:
+                while True:
+                    try:
+                        stdout, stderr = proc.communicate(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if harness.ABORT.is_set():  # Ctrl-C, SIGTERM, a harness failure elsewhere
+                            raise KeyboardInterrupt from None
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
+                raise
+        seconds = round(time.monotonic() - started, 2)
+        job = stdout.strip().split(";")[0]
+        if not job:
+            raise contract.HarnessFailure(f"sbatch --array failed: {stderr.strip()[-200:]}")
+        self.arrays.append(job)
+        self.log(f"[slurm] array job {job}: {len(batch)} task(s), one per probe of the round")
+        found = states(job) or {}
+        outcomes = []
+        for i, task in enumerate(batch):
+            rc_path = Path(f"{task.stem}.rc")
+            code = int(rc_path.read_text().strip() or -1) if rc_path.exists() else None
+            outcomes.append(_judged(f"job {job}_{i}", found.get(i, "UNKNOWN"), code,
+                                    Path(f"{task.stem}.stdout"), Path(f"{task.stem}.stderr"), task.timeout,
+                                    task.signature, seconds, self.log))
+        return outcomes
+
+
+@contextlib.contextmanager
+def array_round(probes: int, opts: Options, log=print):
+    """While the block runs, ``run`` calls (from the round's probe threads) join one job array."""
+    global _ROUND
+    _ROUND = ArrayRound(probes, opts, log)
+    try:
+        yield _ROUND
+    finally:
+        _ROUND = None
 
 
 def main(argv=None) -> int:

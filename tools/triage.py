@@ -921,6 +921,9 @@ def _comment(t: dict) -> str:
     how.append(f"- Sandbox: {t['sandbox'] or 'not needed: nothing was run'}")
     if t.get("versions_said", {}).get("from"):
         how.append("- Versions stated: " + "; ".join(t["versions_said"]["from"]))
+    if t.get("versions_fingerprinted"):
+        how.append(f"- Versions not stated: the reporter's is {t['versions_fingerprinted']}, the newest "
+                   "release whose source has every quoted line of the traceback's frames")
     lines += ["How it was run:", "", *how, ""]
     if t.get("port_diff"):
         fence = _fence(t["port_diff"])
@@ -1096,6 +1099,10 @@ def triage(args) -> dict:
         t["questions"] = questions(issue)
         return _finish(t, out)
     reporter = resolve(package, said["lightning"])
+    if reporter is None and tbs:  # not stated: the release whose source has the traceback's lines
+        reporter = fingerprinted(fingerprint.parse("\n".join(tbs)), package, args.repo)
+        if reporter:
+            t["versions_fingerprinted"] = reporter
     newest = newest_release(package)
     cells = []
     if reporter:
