@@ -327,4 +327,6 @@ def test_ctrl_c_during_a_round_cancels_its_job_array(tmp_path):
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in out, out
     queued = subprocess.run(["squeue", "-h", "-o", "%j %T"], capture_output=True, text=True).stdout
-    assert f"bisect-round-{proc.pid}-" not in queued, queued
+    left = [line for line in queued.splitlines() if line.startswith(f"bisect-round-{proc.pid}-")
+            and line.split()[-1] in ("RUNNING", "PENDING")]  # cancelled ones may still be completing
+    assert not left, queued

@@ -228,6 +228,38 @@ def job_state(job: str) -> str | None:
 
 # -- a bisect step as one job --------------------------------------------------------------
 
+# a job's shell drops the submitter's SLURM_* variables (an srun inside must see its own job's)
+SCRUB = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
+
+
+def _exports(env: dict | None, indent: str = "") -> str:
+    """The variables of a run its job's shell sets: where its Python is, and the workspace's own."""
+    return "".join(f"{indent}export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
+                   if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith(("REPRO_", "WORKSPACE_")))
+
+
+def _sbatch_wait(sbatch: list[str], name: str, beat: Path) -> tuple[str, str, int, float]:
+    """``sbatch --wait`` under a heartbeat: (stdout, stderr, exit code, seconds). Ctrl-C, SIGTERM
+    or ``harness.ABORT`` (a parallel round stopped) cancel the job by its name."""
+    started = time.monotonic()
+    with heartbeat(beat):
+        proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=slurm_env())
+        try:
+            while True:
+                try:
+                    stdout, stderr = proc.communicate(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if harness.ABORT.is_set():
+                        raise KeyboardInterrupt from None
+        except BaseException:  # the job goes too
+            proc.kill()
+            proc.wait()
+            _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
+            raise
+    return stdout, stderr, proc.returncode, round(time.monotonic() - started, 2)
+
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
         env: dict | None, opts: Options, log=print) -> harness.RunResult:
     """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it: the job's
@@ -241,33 +273,19 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
     out_path, err_path = Path(f"{stem}.stdout"), Path(f"{stem}.stderr")
     name = f"bisect-step-{os.getpid()}-{time.time_ns()}"
     script = Path(f"{stem}.sh")
-    exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in (env or {}).items()
-                      if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS")
-                      or k.startswith(("REPRO_", "WORKSPACE_")))
-    scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
     guarded = [sys.executable, *guard_command(Path(f"{stem}.heartbeat")), *cmd]
-    results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{exports}{scrub}"
+    results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{_exports(env)}{SCRUB}"
                          f"exec {' '.join(shlex.quote(c) for c in guarded)}\n")
     sbatch = ["sbatch", "--parsable", "--wait", f"--job-name={name}", f"--output={out_path}",
               f"--error={err_path}", *opts.sbatch_args(), f"--time={max(1, int(timeout // 60) + 1)}",
               str(script)]
-    started = time.monotonic()
-    with heartbeat(Path(f"{stem}.heartbeat")):
-        proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=slurm_env())
-        try:
-            stdout, stderr = proc.communicate()
-        except BaseException:  # Ctrl-C, SIGTERM: the job goes too
-            proc.kill()
-            _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
-            raise
-    seconds = round(time.monotonic() - started, 2)
+    stdout, stderr, code, seconds = _sbatch_wait(sbatch, name, Path(f"{stem}.heartbeat"))
     job = stdout.strip().split(";")[0]
     if not job:
         return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
                                  seconds, None)
     state = job_state(job) or "UNKNOWN"
-    return _judged(f"job {job}", state, proc.returncode, out_path, err_path, timeout, signature,
+    return _judged(f"job {job}", state, code, out_path, err_path, timeout, signature,
                    seconds, log)
 
 
@@ -376,18 +394,14 @@ class ArrayRound:
         cases = []
         for i, task in enumerate(batch):
             task.stem.parent.mkdir(parents=True, exist_ok=True)
-            exports = "".join(f"  export {k}={shlex.quote(v)}\n" for k, v in task.env.items()
-                              if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS")
-                              or k.startswith(("REPRO_", "WORKSPACE_")))
             guarded = [sys.executable, *guard_command(beat), *task.cmd]
             files = " ".join(f"{var}={shlex.quote(f'{task.stem}.{ext}')}"
                              for var, ext in (("out", "stdout"), ("err", "stderr"), ("rc", "rc")))
-            cases.append(f"{i})\n{exports}  set -- {' '.join(shlex.quote(c) for c in guarded)}\n"
-                         f"  {files} ;;\n")
-        scrub = "for v in $(env | sed -n 's/^\\(SLURM_[A-Z_]*\\)=.*/\\1/p'); do unset $v; done\n"
+            command = " ".join(shlex.quote(c) for c in guarded)
+            cases.append(f"{i})\n{_exports(task.env, '  ')}  set -- {command}\n  {files} ;;\n")
         script = Path(f"{base}.sh")
         results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
-                             f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{scrub}"
+                             f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{SCRUB}"
                              '"$@" >"$out" 2>"$err"\necho $? >"$rc"\n')
         for task in batch:
             Path(f"{task.stem}.rc").unlink(missing_ok=True)
@@ -396,24 +410,7 @@ class ArrayRound:
         sbatch = ["sbatch", "--parsable", "--wait", f"--array=0-{len(batch) - 1}", f"--job-name={name}",
                   f"--output={base}.%a.slurm", *self.opts.sbatch_args(),
                   f"--time={max(1, int(limit // 60) + 1)}", str(script)]
-        started = time.monotonic()
-        with heartbeat(beat):
-            proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    env=slurm_env())
-            try:
-                while True:
-                    try:
-                        stdout, stderr = proc.communicate(timeout=0.5)
-                        break
-                    except subprocess.TimeoutExpired:
-                        if harness.ABORT.is_set():  # Ctrl-C, SIGTERM, a harness failure elsewhere
-                            raise KeyboardInterrupt from None
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
-                raise
-        seconds = round(time.monotonic() - started, 2)
+        stdout, stderr, _code, seconds = _sbatch_wait(sbatch, name, beat)
         job = stdout.strip().split(";")[0]
         if not job:
             raise contract.HarnessFailure(f"sbatch --array failed: {stderr.strip()[-200:]}")
