@@ -285,7 +285,7 @@ def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
     out = tmp_path / "out"
     sizes, known = [], []
     for _ in range(3):
-        proc = run(quick(script, out, "--budget", "0.05"))  # three seconds each
+        proc = run(quick(script, out, "--max-runs", "3"))  # three launches each, on any machine
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "the budget was spent" in (out / "report.md").read_text()
         assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
@@ -294,6 +294,21 @@ def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
     assert "run 1/1" not in proc.stdout  # the original's verdict came from the state
     assert sizes[2] <= sizes[1] <= sizes[0] <= m.size({"t": script.read_text()})  # never back up
     assert known[0] < known[1] < known[2]  # each run judged candidates the earlier ones had not
+
+
+def test_a_passed_deadline_ends_the_reduction_before_the_next_launch(tmp_path):
+    script = project(tmp_path)
+    cfg = m.parse_args(quick(script, tmp_path / "out"))
+    original = m.project_files(script)
+    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    oracle.check_original()
+    launched = oracle.stats.tests
+    smaller = {**original, "train.py": original["train.py"].replace("import json\n", "")}
+    oracle.deadline = time.monotonic() - 1
+    with pytest.raises(m.BudgetSpent):
+        oracle(smaller)
+    assert oracle.stats.tests == launched
+    assert m.reduce(oracle, original) == "the budget was spent"
 
 
 def test_the_whole_program_passes_run_again_after_the_reducer_improved(tmp_path, monkeypatch, capsys):

@@ -131,6 +131,7 @@ class Config:
     check_replicas: str | None = None  # the replica check injected: bad when replicas diverge
     sandbox: bool = False  # every run in the launcher's sandbox (untrusted code)
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
+    max_runs: int | None = None  # --max-runs: a budget in candidate launches, for a reproducible end
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -154,6 +155,9 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--trials", default="1",
                    help="runs per candidate, any bad = interesting; 'auto': from the original's rate")
     p.add_argument("--budget", type=float, default=60.0, help="minutes of reduction (default 60)")
+    p.add_argument("--max-runs", type=int,
+                   help="also stop after this many launches of candidates in this invocation (a "
+                        "budget that ends at the same point on any machine; the next one resumes)")
     p.add_argument("--out", help="output folder (default results/minimize/<script name>)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="wall-clock limit of a run of the original (s); a candidate gets "
@@ -185,12 +189,14 @@ def parse_args(argv: list[str]) -> Config:
             raise BadInput(f"--{name} must be > 0")
     if a.confirm < 1:
         raise BadInput("--confirm must be >= 1")
+    if a.max_runs is not None and a.max_runs < 1:
+        raise BadInput("--max-runs must be >= 1")
     contract.check_nodes(a)
     python, where_ = interpreter(a.python, a.cell)
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
                   out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox,
-                  (a.nodes, a.ranks_per_node))
+                  (a.nodes, a.ranks_per_node), a.max_runs)
 
 
 def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
@@ -558,6 +564,7 @@ class Oracle:
         self.best_size = size(original)
         self.started = time.monotonic()
         self.deadline: float | None = None
+        self.run_limit: int | None = None  # stats.tests at which --max-runs is spent
         self.coarse = False  # the coarse pass: whole statements only
         self.shrinks = 0  # improvements that made the best smaller
         self.round_start = 0  # shrinks when the reducer's current round began
@@ -654,8 +661,7 @@ class Oracle:
         for sink in sinks.values():
             sink.parent.mkdir(parents=True, exist_ok=True)
             sink.unlink(missing_ok=True)
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise BudgetSpent()
+        self.check_budget()
         instrumented = {n: instrument(s, sinks[n]) if s else None for n, s in files.items()}
         r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=self.cfg.fresh_process)
         self.stats.tests += 1
@@ -666,6 +672,13 @@ class Oracle:
             results.write_json(path, {**known, key: {n: {str(i): t for i, t in rec.items()}
                                                      for n, rec in records.items()}})
         return records
+
+    def check_budget(self) -> None:
+        """Before a launch: the time budget or --max-runs used up ends the reduction."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise BudgetSpent()
+        if self.run_limit is not None and self.stats.tests >= self.run_limit:
+            raise BudgetSpent()
 
     # the original
     def check_original(self) -> None:
@@ -713,8 +726,7 @@ class Oracle:
 
     # the reducer's test
     def __call__(self, files: dict[str, str | None]) -> bool:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise BudgetSpent()
+        self.check_budget()
         files = {n: files.get(n) for n in self.original}  # a removed file is None
         why = static_rejection(files, self.cfg.script.name, self.kept, self.known)
         if not why and self.coarse and not only_removes_statements(files, self.best):
@@ -907,7 +919,7 @@ def last_clean_up(oracle: Oracle, files: dict[str, str | None]) -> dict[str, str
     literals folded (``"train" == "train"``), dead definitions, unused imports and dead locals
     dropped, no-op statements gone, to a fixpoint; one launch (the budget no longer applies),
     and each pass alone only when all together is not interesting."""
-    oracle.deadline, oracle.coarse = None, False  # any change, judged as a whole
+    oracle.deadline, oracle.run_limit, oracle.coarse = None, None, False  # any change, judged as a whole
     kept = oracle.kept
 
     def passes(f, chosen):
@@ -1211,6 +1223,8 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
             oracle.best, oracle.best_size = dict(resumed), shown_size(resumed)
             log(f"[minimize] resuming from {best_dir} ({oracle.best_size[0]} lines)")
         oracle.deadline = time.monotonic() + cfg.budget
+        if cfg.max_runs is not None:
+            oracle.run_limit = oracle.stats.tests + cfg.max_runs
         log(f"[minimize] reducing {', '.join(original)}: {size(original)[0]} lines, budget "
             f"{clock(cfg.budget)}")
         ended = reduce(oracle, start)
