@@ -1130,3 +1130,60 @@ def test_an_earlier_patch_holds_when_its_repro_is_as_promised_or_better(verdict,
     from tools import validate_patches
 
     assert validate_patches.holds(verdict, expected) is holds
+
+
+FREED_WRAPPER_TESTS = '''
+import gc
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+def freed_output(tmp_path):
+    if not dist.is_initialized():
+        store = dist.FileStore(str(tmp_path / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    out = DistributedDataParallel(torch.nn.Linear(4, 2), find_unused_parameters=True)(torch.rand(3, 4))
+    gc.collect()  # the wrapper is gone; its output's graph holds it by weak reference only
+    return out
+
+
+def test_expects_the_old_error(tmp_path):
+    with pytest.raises(AttributeError, match="no attribute 'reducer'"):
+        freed_output(tmp_path).sum().backward()
+
+
+def test_takes_either_error(tmp_path):
+    with pytest.raises((AttributeError, RuntimeError)):
+        freed_output(tmp_path).sum().backward()
+'''
+
+
+@pytest.mark.timeout(600)
+def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_patches_torch(tmp_path):
+    """The series together across targets: the gate runs a Lightning patch's new tests on a
+    torch with the series' torch patch, which turns the AttributeError into a RuntimeError."""
+    from tools import upstream_tests as ut
+    from tools import validate_patches
+
+    tree = tmp_path / "tree"
+    (tree / "tests" / "tests_pytorch").mkdir(parents=True)
+    (tree / "tests" / "tests_pytorch" / "test_freed.py").write_text(FREED_WRAPPER_TESTS)
+    node = "tests/tests_pytorch/test_freed.py::"
+    added = {node + name: f"def {name}(tmp_path): ..." for name in
+             ("test_expects_the_old_error", "test_takes_either_error")}
+    python = Path(sys.executable)
+    released = ut.run_tests(python, tree, added, tmp_path / "released")
+    assert released.counts() == {"passed": 2}, released.output[-2000:]  # on torch as released
+    series = patches.series(ROOT / "patches")
+    assert any(p.target == "torch" for p in series)
+    gate = validate_patches.torch_series_gate(series, python, tree, added, tmp_path / "logs" / "x",
+                                              log=lambda msg: None)
+    assert gate["ok"] is False, gate
+    assert "1 passed, 1 failed" in gate["text"] and "test_expects_the_old_error" in gate["text"], gate
+    alone = {k: v for k, v in added.items() if k.endswith("either_error")}
+    assert validate_patches.torch_series_gate([p for p in series if p.target == "lightning"], python, tree,
+                                              alone, tmp_path / "logs" / "y")["text"] == \
+        "no torch patch in the series"

@@ -239,3 +239,50 @@ def test_the_parts_of_a_description(workspace):
         "title": "rewrap the model", "cause": "The cause, in a paragraph wrapped over two lines.",
         "change": ["The fix, in the second paragraph."],
         "alternatives": ["Alternatives considered: a learning rate of 0 instead of freezing."]}
+
+
+GPU_TEST = """diff --git a/tests/tests_pytorch/test_m.py b/tests/tests_pytorch/test_m.py
+--- a/tests/tests_pytorch/test_m.py
++++ b/tests/tests_pytorch/test_m.py
+@@ -10,1 +10,9 @@
+ line 10
++@RunIf(min_cuda_gpus=2, standalone=True)
++def test_on_two_gpus():
++    pass
++
++
++@RunIf(standalone=True)
++def test_on_cpu():
++    pass
+"""
+
+
+def validated(workspace, patch):
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "bad", "after_detail": "explained", "upstream_tests": "1 failed; 2 passed"}
+            for c in patch.cells]
+    results.write_json(workspace / "results" / "patches" / "1" / "summary.json", rows)
+
+
+def test_a_patch_that_does_not_close_its_issue_is_related_and_its_gpu_tests_are_not_run_here(
+        workspace, monkeypatch):
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    path = workspace / "patches" / "fix-rewrap.patch"
+    path.write_text(path.read_text().replace("X-Expect-After: good\n", "X-Expect-After: good\n"
+                                             "X-Relation: related\n") + GPU_TEST)
+    (patch,) = patches.named("fix-rewrap.patch")
+    validated(workspace, patch)
+    assert pr_bundle.main(["fix-rewrap.patch"]) == 0
+    body = (workspace / "results" / "pr" / "fix-rewrap" / "body.md").read_text()
+    assert body.startswith("## What does this PR do?\n\nRelated to #111\n") and "Fixes #" not in body
+    assert "### Not run here\n\n- `tests/tests_pytorch/test_m.py::test_on_two_gpus`: needs 2 CUDA GPUs\n" in body
+    assert "test_on_cpu" not in body
+    assert "<details><summary>Evidence" in body  # the evidence is folded away under the template
+
+
+def test_an_unknown_relation_is_refused_in_one_line(workspace, capsys):
+    path = workspace / "patches" / "fix-rewrap.patch"
+    path.write_text(path.read_text().replace("X-Expect-After: good\n", "X-Expect-After: good\nX-Relation: closes\n"))
+    assert pr_bundle.main(["fix-rewrap.patch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: fix-rewrap.patch: X-Relation: 'closes' is not one of fixes, related"), err

@@ -4,7 +4,8 @@ A patch file is ``git format-patch`` output (``git am`` and ``git apply`` take i
 headers (``From:``, ``Date:``, ``Subject:``), a message whose last paragraph holds the DEP-3 fields
 (``Bug``, ``Forwarded``, ``Origin``, ``Last-Update``, plus ``X-Target``: ``torch`` or ``lightning``;
 ``X-Base``: the upstream commit or tag it was made against; ``X-Cells``, ``X-Repro``,
-``X-Expect-Before`` / ``X-Expect-After``, ``X-Tests``), a ``---`` line, then the diff with paths as
+``X-Expect-Before`` / ``X-Expect-After``, ``X-Tests``, ``X-Relation``: ``fixes`` (the default) or
+``related``, for the PR's ``Fixes #N`` or ``Related to #N``), a ``---`` line, then the diff with paths as
 in the upstream repository (``src/lightning/pytorch/...`` or ``torch/...``). The series is quilt's:
 each patch applies on top of the ones before it. Applying uses GNU patch without fuzz (the context
 is minimal, fuzz would let a hunk land anywhere); a hunk that applies at an offset is drift.
@@ -28,6 +29,7 @@ REQUIRED = ("Description", "Bug", "Forwarded", "Origin", "Last-Update", "X-Targe
 FIELD = re.compile(r"^([A-Za-z][\w-]*): ?(.*)$")
 HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 TARGETS = ("torch", "lightning")
+RELATIONS = ("fixes", "related")  # X-Relation: the PR says "Fixes #N" or "Related to #N"
 VERDICTS = ("good", "bad", "skip")  # what X-Expect-Before / X-Expect-After may say
 ORIGINS = ("upstream", "backport", "vendor", "other")  # DEP-3
 CHANGELOG_SECTIONS = ("Added", "Changed", "Deprecated", "Removed", "Fixed")  # Lightning's CHANGELOG
@@ -218,6 +220,8 @@ def check_fields(name: str, headers: dict[str, str], workspace: Path = ROOT) -> 
     unknown = [c for c in headers.get("X-Cells", "").split() if c not in known]
     if unknown:
         raise PatchError(f"{name}: X-Cells: unknown cell {unknown[0]!r} (`nox -l` lists them)")
+    if headers.get("X-Relation", "fixes") not in RELATIONS:
+        bad("X-Relation", f"is not one of {', '.join(RELATIONS)}")
     sections = [s for s in headers.get("X-Changelog", "").split() if s not in CHANGELOG_SECTIONS]
     if sections:
         raise PatchError(f"{name}: X-Changelog: {sections[0]!r} is not one of "

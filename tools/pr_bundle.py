@@ -55,6 +55,25 @@ def issue_of(patch: patches.Patch) -> str:
     return found.group(1)
 
 
+def closes(patch: patches.Patch, issue: str) -> str:
+    """``Fixes #N``, or ``Related to #N`` for a patch whose ``X-Relation`` says it does not close
+    its issue (a clearer error for a crash that stays)."""
+    return f"{'Related to' if patch.headers.get('X-Relation') == 'related' else 'Fixes'} #{issue}"
+
+
+NEEDS = re.compile(r"(?m)^\+@RunIf\(([^)]*)\)\n(?:\+\s*@.*\n)*\+\s*def (test\w+)")
+
+
+def never_run_here(patch: patches.Patch) -> list[str]:
+    """The tests the patch adds that need CUDA GPUs: they never ran here, and the PR says so."""
+    out = []
+    for path, section in patch.test_changes().items():
+        for args, name in NEEDS.findall(section):
+            if gpus := re.search(r"min_cuda_gpus\s*=\s*(\d+)", args):
+                out.append(f"`{path}::{name}`: needs {gpus.group(1)} CUDA GPUs")
+    return out
+
+
 def bisect_answer(path: str) -> str:
     """The answer part of a bisect report.md: what comes before its recipe to reproduce it."""
     try:
@@ -80,22 +99,33 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         table.append(f"| {r['cell']} | {on_top} | {r['applies']} | {r['before']} | "
                      f"{r['after']}: {r['after_detail']} | {still} |")
     tests = sorted({r["upstream_tests"] for r in rows})
+    never = never_run_here(patch)
+
+    def folded(summary: str, lines: list[str]) -> list[str]:  # the template's short; the rest opens
+        return [f"<details><summary>{summary}</summary>", "", *lines, "</details>", ""]
+
+    # Lightning's PR template: what it does and the issue, then the evidence folded away
     return "\n".join([
-        "## What does this PR do?", "", f"Fixes #{issue}", "", f"**{title}**", "",
+        "## What does this PR do?", "", closes(patch, issue), "", f"**{title}**", "",
         "### What was wrong", "", cause, "",
         "### What changed", "", *[p + "\n" for p in change], *[f"- `{f}`" for f in patch.files], "",
-        "### Evidence", "",
-        "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
-        "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
-        "the series that target the same release):",
-        "", *table, "",
-        ("Lightning's own tests on a patched checkout of master: " if patch.target == "lightning" else
-         "The test this change adds, on released torch without and with the change: ") + "; ".join(tests), "",
-        *(["### Alternatives considered", "", *[a + "\n" for a in part["alternatives"]]]
-          if part["alternatives"] else []),
-        *(["### Recorded runs on unpatched releases", "", recorded, ""] if recorded else []),
-        *(["### Where it came in", "", bisect, ""] if bisect else []),
+        *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
+        *folded("Evidence: the reproduction without and with this change, and the tests", [
+            "### Evidence", "", "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
+            "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
+            "the series that target the same release):",
+            "", *table, "",
+            ("Lightning's own tests on a patched checkout of master: " if patch.target == "lightning" else
+             "The test this change adds, on released torch without and with the change: ")
+            + "; ".join(tests) + (" (the tests listed under \"Not run here\" were skipped)" if never else ""),
+            ""]),
+        *(folded("Alternatives considered", ["### Alternatives considered", "",
+                                             *[a + "\n" for a in part["alternatives"]]])
+          if part["alternatives"] else []),
+        *(folded("Recorded runs on unpatched releases",
+                 ["### Recorded runs on unpatched releases", "", recorded, ""]) if recorded else []),
+        *(folded("Where it came in", ["### Where it came in", "", bisect, ""]) if bisect else []),
         "<details><summary>Before submitting</summary>", "",
         "- [x] Was this discussed/agreed via a GitHub issue? (#" + issue + ")",
         "- [x] Did you write any new necessary tests?",
@@ -186,7 +216,7 @@ def format_patch(patch: patches.Patch, who: tuple[str, str]) -> str:
     env = {f"GIT_{role}_{what}": value for role in ("AUTHOR", "COMMITTER")
            for what, value in (("NAME", who[0]), ("EMAIL", who[1]))}
     with wt.git.custom_environment(**env):
-        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{why}\n\nFixes #{issue}")
+        commit = wt.git.commit_tree(tree, "-p", "HEAD", "-m", f"{title}\n\n{why}\n\n{closes(patch, issue)}")
     text = wt.git.format_patch("-1", "--stdout", commit)
     wt.checkout(gitrange.resolve(repo, "master"))
     return text + "\n"

@@ -36,6 +36,10 @@ MULTI_PROCESS = re.compile(r"""\bdevices\s*=\s*(?:[2-9]\b|[1-9]\d+\b|\[[^\]]*,)"
                            r"""|["']ddp\w*["']|\bstart_method\s*=|\bnprocs\s*="""
                            r"""|\bworld_size\s*=\s*(?:[2-9]\b|[1-9]\d+\b)""")
 BAD = ("failed", "error")
+# Lightning's RunIf(standalone=True): skipped unless PL_RUN_STANDALONE_TESTS=1, and then run one
+# test per process, as its CI's standalone script does (a test that initializes a process group
+# in pytest's own process)
+STANDALONE = re.compile(r"\bstandalone\s*=\s*True\b")
 
 
 def gate(ok: bool, text: str, **details) -> dict:
@@ -115,6 +119,20 @@ def is_multi_process(source: str) -> bool:
     return MULTI_PROCESS.search(source) is not None
 
 
+def is_standalone(source: str) -> bool:
+    return STANDALONE.search(source) is not None
+
+
+def patch_tests(test_changes: dict[str, str], tree: Path) -> dict[str, str]:
+    """Every test function the patch adds (node id -> source), read from the patched ``tree``."""
+    out: dict[str, str] = {}
+    for path, section in test_changes.items():
+        file = Path(tree) / path
+        if path.endswith(".py") and file.is_file():
+            out.update(added_tests(path, section, file.read_text(encoding="utf-8", errors="replace")))
+    return out
+
+
 def multi_process_tests(test_changes: dict[str, str], tree: Path) -> list[str]:
     """Node ids of the test functions the patch adds (``test_changes``: path -> its part of the
     diff) that start several processes, read from the patched ``tree``."""
@@ -181,14 +199,15 @@ def pytest_command(python: Path, tree: Path, targets: list[str], junit: Path) ->
             f"--rootdir={tree}", "-o", "junit_family=xunit1", f"--junitxml={junit}", *rel]
 
 
-def run_pytest(python: Path, tree: Path, targets: list[str], log_stem: Path, timeout: float = 1800) -> Report:
+def run_pytest(python: Path, tree: Path, targets: list[str], log_stem: Path, timeout: float = 1800,
+               env: dict[str, str] | None = None) -> Report:
     """One pytest run over ``targets`` (files or node ids from the checkout's root) in its own
     process group (the harness: the processes the tests start are killed with it, on a timeout
-    and on Ctrl-C); stdout and stderr kept at ``log_stem``."""
+    and on Ctrl-C); stdout and stderr kept at ``log_stem``; ``env``: more variables."""
     tree, log_stem = Path(tree), Path(log_stem)
     junit = Path(f"{log_stem}.xml")
     junit.unlink(missing_ok=True)
-    env = {"PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree / 'tests'}"}
+    env = {"PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree / 'tests'}", **(env or {})}
     # peer_grace = timeout: the processes a test starts end on their own, test after test
     res = Launcher().run(Run(tuple(pytest_command(python, tree, targets, junit)), kind="exec", env=env,
                              cwd=tree / TESTS, timeout=timeout, peer_grace=timeout, log_stem=log_stem))
@@ -199,6 +218,25 @@ def run_pytest(python: Path, tree: Path, targets: list[str], log_stem: Path, tim
     except (OSError, ET.ParseError):
         outcomes, reported = {}, False
     return Report(outcomes, res.returncode, output, timed_out, str(log_stem), reported)
+
+
+def run_tests(python: Path, tree: Path, tests: dict[str, str], log_stem: Path) -> Report:
+    """``tests`` (node id -> source) as Lightning's CI runs them: the plain ones in one pytest,
+    each standalone one in a pytest of its own with ``PL_RUN_STANDALONE_TESTS=1``; one report."""
+    plain = [n for n, source in tests.items() if not is_standalone(source)]
+    runs = [run_pytest(python, tree, plain, Path(f"{log_stem}-plain"))] if plain else []
+    for i, node in enumerate(n for n in tests if n not in plain):
+        runs.append(run_pytest(python, tree, [node], Path(f"{log_stem}-standalone-{i}"),
+                               env={"PL_RUN_STANDALONE_TESTS": "1"}))
+    merged = Report({}, 0, log=str(log_stem))
+    for r in runs:
+        merged.outcomes.update(r.outcomes)
+        merged.output += r.output
+        merged.timed_out = merged.timed_out or r.timed_out
+        merged.reported = merged.reported and r.reported
+        if merged.returncode == 0:
+            merged.returncode = r.returncode
+    return merged
 
 
 def fmt(counts: dict[str, int]) -> str:

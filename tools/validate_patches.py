@@ -191,7 +191,8 @@ def detail(result: harness.RunResult) -> str | None:
 
 # -- the gates: once per patch, on checkouts ----------------------------------------------------
 
-GATES = ("upstream tests", "existing tests", "flaky", "types", "lint", "license", "changelog")
+GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
+         "changelog")
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/gates.py's
 SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
 _UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
@@ -268,14 +269,53 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
     with_it = ut.run_pytest(python, after, targets, logs / "with") if targets else ut.Report({}, 0)
     gates["upstream tests"] = upstream_tests_gate(tests, alone, with_it, named, present)
     gates["existing tests"] = ut.existing_tests_gate(without, with_it, existing)
+    added = ut.patch_tests(tests, after)
     several = ut.multi_process_tests(tests, after)
     if several:
         log(f"  {patch.name}: {len(several)} new multi-process tests, {repeat} runs")
-    gates["flaky"] = ut.flaky_gate(several, repeat,
-                                   lambda i: ut.run_pytest(python, after, several, logs / f"flaky-{i}"))
+    gates["flaky"] = ut.flaky_gate(several, repeat, lambda i: ut.run_tests(
+        python, after, {n: added[n] for n in several}, logs / f"flaky-{i}"))
+    gates["with torch's patches"] = torch_series_gate(series, python, after, added, logs, log)
     for wt in (before_wt, after_wt):
         wt.checkout(master)
     return states, {name: gates[name] for name in GATES}
+
+
+def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, added: dict[str, str],
+                      logs: Path, log=print) -> dict:
+    """The series together across targets: the tests a Lightning patch adds also pass on a torch
+    with every torch patch of the series applied (a throwaway copy of the upstream test
+    environment whose installed torch files are patched), as they will once both are merged."""
+    torch_series = [p for p in series if p.target == "torch"]
+    if not torch_series:
+        return ut.gate(True, "no torch patch in the series")
+    if not added:
+        return ut.gate(True, "the patch adds no test")
+    names = ", ".join(p.name for p in torch_series)
+    log(f"  {logs.parent.name}: its {len(added)} tests on torch with {names}")
+    with scratch("torch-series-") as tmp:
+        try:
+            python = throwaway(["--requirements", str(freeze(python, tmp / "requirements.txt"))], tmp / "env")
+        except subprocess.CalledProcessError as err:
+            return ut.gate(False, f"cannot copy the test environment ({' '.join(err.cmd[:3])} failed)")
+        for p in torch_series:
+            root, level = patches.installed_root(site_packages(python), p)
+            patches.apply(p, root, level, patches.installable_for(p, root))
+        report = ut.run_tests(python, after, added, logs / "with-torch-patches")
+    counts = report.counts()
+    ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
+    how = "" if ok else f" ({ut.describe(report)})"
+    return ut.gate(ok, f"on torch with {names}: {ut.fmt(counts)}{how}")
+
+
+def freeze(python: Path, path: Path) -> Path:
+    """What ``python``'s environment holds, pinned, as a requirements file (the same packages in a
+    copy, from uv's cache)."""
+    out = subprocess.run([index.uv(), "pip", "freeze", "--python", str(python)], capture_output=True,
+                         text=True, check=True).stdout
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out)
+    return path
 
 
 def upstream_tests_gate(tests: dict, alone, with_it, named: list[str], present: list[str]) -> dict:
