@@ -275,14 +275,16 @@ def test_a_patch_that_does_not_close_its_issue_is_related_and_its_gpu_tests_are_
     assert pr_bundle.main(["fix-rewrap.patch"]) == 0
     body = (workspace / "results" / "pr" / "fix-rewrap" / "body.md").read_text()
     assert body.startswith("## What does this PR do?\n\nRelated to #111\n") and "Fixes #" not in body
-    assert "### Not run here\n\n- `tests/tests_pytorch/test_m.py::test_on_two_gpus`: needs 2 CUDA GPUs\n" in body
+    assert ("### Not run here\n\n- `tests/tests_pytorch/test_m.py::test_on_two_gpus`: needs 2 CUDA GPUs\n"
+            in body)
     assert "test_on_cpu" not in body
     assert "<details><summary>Evidence" in body  # the evidence is folded away under the template
 
 
 def test_an_unknown_relation_is_refused_in_one_line(workspace, capsys):
     path = workspace / "patches" / "fix-rewrap.patch"
-    path.write_text(path.read_text().replace("X-Expect-After: good\n", "X-Expect-After: good\nX-Relation: closes\n"))
+    path.write_text(path.read_text().replace("X-Expect-After: good\n",
+                                             "X-Expect-After: good\nX-Relation: closes\n"))
     assert pr_bundle.main(["fix-rewrap.patch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: fix-rewrap.patch: X-Relation: 'closes' is not one of fixes, related"), err

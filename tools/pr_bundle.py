@@ -112,7 +112,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
         *folded("Evidence: the reproduction without and with this change, and the tests", [
-            "### Evidence", "", "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
+            "### Evidence", "",
+            "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
             "this change (applied to a throwaway copy of the install, on top of the earlier patches of "
             "the series that target the same release):",
             "", *table, "",
