@@ -77,8 +77,12 @@ class Patch:
     def installable_files(self) -> list[str]:
         """The files that land in an installed package: its Python sources only (no tests, no
         CHANGELOG), as they exist in a wheel."""
-        prefix = "torch/" if self.target == "torch" else "src/lightning/pytorch/"
+        prefix = ("torch/",) if self.target == "torch" else ("src/lightning/pytorch/", "src/lightning/fabric/")
         return [path for path in self.sections() if path.startswith(prefix) and path.endswith(".py")]
+
+    @property
+    def touches_fabric(self) -> bool:
+        return any(path.startswith("src/lightning/fabric/") for path in self.installable_files())
 
     def installable_diff(self) -> str:
         sections = self.sections()
@@ -261,10 +265,18 @@ def installed_root(site: Path, patch: Patch) -> tuple[Path, int]:
 
     ``torch/...`` lands in site-packages as is. ``src/lightning/pytorch/...`` lands in
     ``lightning/pytorch/...`` (the unified package) or ``pytorch_lightning/...`` (the mirror).
+    A patch that also changes ``src/lightning/fabric/...`` lands in ``lightning/`` (the unified
+    package), or in site-packages itself for the mirrors (``installable_for`` then names each
+    file's package: ``pytorch_lightning/`` or ``lightning_fabric/``).
     """
     site = Path(site)
     if patch.target == "torch":
         return site, 1
+    if patch.touches_fabric:
+        if (site / "lightning" / "pytorch").is_dir():
+            return site / "lightning", 3  # a/src/lightning/<pytorch|fabric>/<rest>
+        if (site / "pytorch_lightning").is_dir() and (site / "lightning_fabric").is_dir():
+            return site, 1
     if (site / "lightning" / "pytorch").is_dir():
         return site / "lightning" / "pytorch", 4  # a/src/lightning/pytorch/<rest>
     if (site / "pytorch_lightning").is_dir():
@@ -281,10 +293,15 @@ def installable_for(patch: Patch, root: Path) -> str:
     is Lightning's source with its module names rewritten (``lightning.pytorch`` ->
     ``pytorch_lightning``, ``lightning.fabric`` -> ``lightning_fabric``), as Lightning's own build
     makes it: the diff gets the same rewrite, context and added lines alike."""
-    diff = patch.installable_diff()
-    if Path(root).name == "pytorch_lightning":
-        for name, mirror in MIRROR_NAMES:
-            diff = name.sub(mirror, diff)
+    diff, root = patch.installable_diff(), Path(root)
+    # a patch that also changes Fabric, on the mirrors: applied from site-packages
+    in_site = patch.target != "torch" and (root / "pytorch_lightning").is_dir()
+    if root.name == "pytorch_lightning" or in_site:
+        for name, replacement in MIRROR_NAMES:
+            diff = name.sub(replacement, diff)
+    if in_site:  # each file's path names its package
+        diff = re.sub(r"\b([ab])/src/lightning/(pytorch|fabric)/",
+                      lambda m: f"{m[1]}/{'pytorch_lightning' if m[2] == 'pytorch' else 'lightning_fabric'}/", diff)
     return diff
 
 
