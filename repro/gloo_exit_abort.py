@@ -170,7 +170,8 @@ def main(argv=None):
         outcomes.append(outcome(code, output))
         if outcomes[-1] == "failed" and "first_failure" not in details:
             details["first_failure"] = (output.strip().splitlines() or ["no output"])[-1][:300]
-        print(f"[gloo_exit_abort] fit {i + 1}/{args.fits}: {outcomes[-1]} ({time.monotonic() - start:.1f} s); "
+        took = time.monotonic() - start
+        print(f"[gloo_exit_abort] fit {i + 1}/{args.fits}: {outcomes[-1]} ({took:.1f} s); "
               f"aborted so far {outcomes.count('aborted')}", file=sys.stderr, flush=True)
     code, signature, details = judge(outcomes, details)
     finish(REPRO, code, signature, details, import_name)

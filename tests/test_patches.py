@@ -180,6 +180,26 @@ def test_lightning_paths_map_onto_either_installed_name(tmp_path):
         patches.installed_root(tmp_path / "c", patch)
 
 
+def test_a_patch_that_also_changes_fabric_lands_in_both_packages(tmp_path):
+    """Fabric's files land in ``lightning/fabric`` (the unified package) or in the
+    ``lightning_fabric`` mirror next to ``pytorch_lightning``."""
+    diff = (DIFF.replace("torch/m.py", "src/lightning/pytorch/m.py")
+            + DIFF.replace("torch/m.py", "src/lightning/fabric/m.py"))
+    patch = patches.parse(write(tmp_path, HEAD.replace("X-Target: torch", "X-Target: lightning") + diff))
+    assert patch.touches_fabric
+    layouts = {"unified": ("lightning/pytorch", "lightning/fabric"),
+               "mirrors": ("pytorch_lightning", "lightning_fabric")}
+    for name, folders in layouts.items():
+        site = tmp_path / name
+        for folder in folders:
+            (site / folder).mkdir(parents=True)
+            (site / folder / "m.py").write_text(ORIGINAL)
+        root, level = patches.installed_root(site, patch)
+        patches.apply(patch, root, level, patches.installable_for(patch, root))
+        for folder in folders:
+            assert "inserted" in (site / folder / "m.py").read_text(), (name, folder)
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")

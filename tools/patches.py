@@ -77,7 +77,8 @@ class Patch:
     def installable_files(self) -> list[str]:
         """The files that land in an installed package: its Python sources only (no tests, no
         CHANGELOG), as they exist in a wheel."""
-        prefix = ("torch/",) if self.target == "torch" else ("src/lightning/pytorch/", "src/lightning/fabric/")
+        prefix = (("torch/",) if self.target == "torch"
+                  else ("src/lightning/pytorch/", "src/lightning/fabric/"))
         return [path for path in self.sections() if path.startswith(prefix) and path.endswith(".py")]
 
     @property
@@ -300,8 +301,8 @@ def installable_for(patch: Patch, root: Path) -> str:
         for name, replacement in MIRROR_NAMES:
             diff = name.sub(replacement, diff)
     if in_site:  # each file's path names its package
-        diff = re.sub(r"\b([ab])/src/lightning/(pytorch|fabric)/",
-                      lambda m: f"{m[1]}/{'pytorch_lightning' if m[2] == 'pytorch' else 'lightning_fabric'}/", diff)
+        package = {"pytorch": "pytorch_lightning", "fabric": "lightning_fabric"}
+        diff = re.sub(r"\b([ab])/src/lightning/(pytorch|fabric)/", lambda m: f"{m[1]}/{package[m[2]]}/", diff)
     return diff
 
 
