@@ -295,12 +295,10 @@ def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, ad
     log(f"  {logs.parent.name}: its {len(added)} tests on torch with {names}")
     with scratch("torch-series-") as tmp:
         try:
-            python = throwaway(["--requirements", str(freeze(python, tmp / "requirements.txt"))], tmp / "env")
+            python = patched_env(["--requirements", str(freeze(python, tmp / "requirements.txt"))],
+                                 tmp / "env", torch_series)
         except subprocess.CalledProcessError as err:
             return ut.gate(False, f"cannot copy the test environment ({' '.join(err.cmd[:3])} failed)")
-        for p in torch_series:
-            root, level = patches.installed_root(site_packages(python), p)
-            patches.apply(p, root, level, patches.installable_for(p, root))
         report = ut.run_tests(python, after, added, logs / "with-torch-patches")
     counts = report.counts()
     ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
