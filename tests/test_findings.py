@@ -217,3 +217,34 @@ def test_a_data_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, monk
     err = capsys.readouterr().err
     assert err.startswith("error: cannot record into ") and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "FINDINGS.md").exists()
+
+
+def patches_run(base: Path, stamp: str, rows: list[dict]) -> Path:
+    from tools import validate_patches
+
+    run = base / "patches" / stamp
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(rows, indent=2))
+    (run / "summary.md").write_text(validate_patches.summary(rows))
+    return run
+
+
+def test_a_run_of_one_patch_replaces_only_its_rows_of_the_series(tmp_path, data):
+    rows = json.loads((ROOT / "findings" / "patches" / "series" / "summary.json").read_text())
+    first, second = sorted({r["patch"] for r in rows})[:2]
+    both = [r for r in rows if r["patch"] in (first, second)]
+    runs = tmp_path / "results"
+    assert findings.main(["--record", f"patches={patches_run(runs, '20261201-101010', both)}"]) == 0
+    again = [{**r, "after_detail": "rerun with a new header"} for r in both if r["patch"] == second]
+    assert findings.main(["--record", f"patches={patches_run(runs, '20261202-101010', again)}"]) == 0
+    record = data / "patches" / "series"
+    merged = json.loads((record / "summary.json").read_text())
+    assert [r["patch"] for r in merged] == [r["patch"] for r in both]  # the series' order
+    assert [r for r in merged if r["patch"] == first] == [r for r in both if r["patch"] == first]
+    assert {r["after_detail"] for r in merged if r["patch"] == second} == {"rerun with a new header"}
+    assert (record / "summary.md").read_text().count("rerun with a new header") == len(again)
+    meta = json.loads((record / "record.json").read_text())
+    assert [(e["rows"], e["date"]) for e in meta["rows_from"]] == [
+        ([first], "2026-12-01 10:10:10"), ([second], "2026-12-02 10:10:10")]
+    text = (tmp_path / "FINDINGS.md").read_text()
+    assert f"{second}: run 2026-12-02 10:10:10" in text and f"{first}: run 2026-12-01 10:10:10" in text

@@ -333,3 +333,13 @@ def test_types_on_lightning_master(tmp_path):
         assert ": 1 new error: ddp.py: Incompatible return value type" in gate.text, gate.text
     finally:
         repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
+
+
+def test_changelog_link_can_wait_for_the_prs_number(tmp_path):
+    """No issue or PR exists yet: the entry links the PR's own number, `#PR`, until it is opened."""
+    gate = gates.changelog(*changed(tmp_path, {SRC: BODY, LOG: under("Fixed", FIX.replace(LINK, gates.PENDING))}))
+    assert gate.ok, gate.details
+    assert gate.text == "1 Fixed entry under unreleased; its link waits for the PR's number"
+    pending = gates.PENDING.replace("/pull/PR", "/pull/1")  # a half-filled link is no link
+    gate = gates.changelog(*changed(tmp_path, {SRC: BODY, LOG: under("Fixed", FIX.replace(LINK, pending))}))
+    assert not gate.ok and "does not end with the link" in gate.details

@@ -288,3 +288,38 @@ def test_an_unknown_relation_is_refused_in_one_line(workspace, capsys):
     assert pr_bundle.main(["fix-rewrap.patch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: fix-rewrap.patch: X-Relation: 'closes' is not one of fixes, related"), err
+
+
+CHANGELOG_ENTRY = """diff --git a/src/lightning/fabric/CHANGELOG.md b/src/lightning/fabric/CHANGELOG.md
+--- a/src/lightning/fabric/CHANGELOG.md
++++ b/src/lightning/fabric/CHANGELOG.md
+@@ -10,1 +10,3 @@
+ line 10
++- Fixed it ([#PR](https://github.com/Lightning-AI/pytorch-lightning/pull/PR))
++
+"""
+
+
+def test_a_pending_changelog_link_gets_the_prs_number(workspace, monkeypatch, capsys):
+    """An entry whose issue or PR does not exist yet links `#PR`; `--number N` puts the PR's number in."""
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    path = workspace / "patches" / "fix-rewrap.patch"
+    path.write_text(path.read_text() + CHANGELOG_ENTRY)
+    (patch,) = patches.named("fix-rewrap.patch")
+    validated(workspace, patch)
+    out = workspace / "results" / "pr" / "fix-rewrap"
+    assert pr_bundle.main(["fix-rewrap.patch"]) == 0
+    body = (out / "body.md").read_text()
+    assert "### CHANGELOG\n\n- Fixed it ([#PR](https://github.com/Lightning-AI/pytorch-lightning/pull/PR))\n" in body
+    assert "`nox -s pr -- fix-rewrap.patch --number <its number>`" in body
+    assert pr_bundle.main(["fix-rewrap.patch", "--number", "21999"]) == 0
+    body, text = (out / "body.md").read_text(), (out / "fix-rewrap.patch").read_text()
+    link = "([#21999](https://github.com/Lightning-AI/pytorch-lightning/pull/21999))"
+    assert f"- Fixed it {link}" in body and "--number <its number>" not in body
+    assert f"+- Fixed it {link}\n" in text and "#PR" not in text
+    assert pr_bundle.main(["fix-rewrap.patch", "--number", "0"]) == 2
+    capsys.readouterr()
+    path.write_text(path.read_text().replace(CHANGELOG_ENTRY, ""))
+    assert pr_bundle.main(["fix-rewrap.patch", "--number", "21999"]) == 2  # nothing pending there
+    assert capsys.readouterr().err == (
+        "error: --number: fix-rewrap.patch has no pending CHANGELOG link (#PR) to fill in\n")

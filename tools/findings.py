@@ -4,7 +4,9 @@ A run's result files (``results/<kind>/<time>/``, gitignored) become committed d
 ``nox -s findings -- --record KIND[=RUN_DIR]``: only its small JSON / Markdown summaries are
 copied, machine paths and package-index hosts replaced by placeholders, into
 ``findings/<kind>/<name>/`` with a ``record.json`` (where the run came from, when, the command,
-the versions), replacing the previous record of that kind and name. ``nox -s findings`` renders
+the versions), replacing the previous record of that kind and name (a patches run of some patches,
+``--patch``, replaces only their rows of the series' record, and the record says which run each row
+came from). ``nox -s findings`` renders
 FINDINGS.md from ``findings/`` alone: the same data gives the same bytes, and re-recording a run
 updates its table. The PR bodies and the issue comments of ``nox -s pr`` quote the same tables.
 
@@ -206,6 +208,40 @@ def parse_record(spec: str) -> tuple[str, Path]:
     return kind, Path(where) if where else results.latest_dir(kind)
 
 
+def merge_patch_rows(final: Path, files: dict[str, str], meta: dict) -> tuple[dict[str, str], dict]:
+    """A patches run of some patches (``--patch``) recorded over a record of more: the rows of the
+    patches it ran replace theirs, in place, and the other rows are kept, with where they came from."""
+    new = json.loads(files["summary.json"])
+    old = json.loads((final / "summary.json").read_text())
+    ran = {r.get("patch") for r in new}
+    kept = [r for r in old if r.get("patch") not in ran]
+    if not kept:
+        return files, meta
+    from tools import validate_patches
+
+    rows, placed = [], False
+    for r in old:
+        if r.get("patch") in ran:
+            if not placed:
+                rows += new
+                placed = True
+        else:
+            rows.append(r)
+    if not placed:
+        rows += new
+    previous = json.loads((final / "record.json").read_text()) if (final / "record.json").is_file() else {}
+    earlier = previous.get("rows_from") or [
+        {"rows": sorted({r.get("patch") for r in old}), "source": previous.get("source", "?"),
+         "date": previous.get("date", "?"), "command": previous.get("command", "?")}]
+    earlier = [{**e, "rows": [p for p in e["rows"] if p not in ran]} for e in earlier]
+    rows_from = [e for e in earlier if e["rows"]] + [
+        {"rows": sorted(ran), "source": meta["source"], "date": meta["date"], "command": meta["command"]}]
+    print(f"{final}: replaced the rows of {', '.join(sorted(ran))}, kept {len(kept)} other rows", flush=True)
+    files = {**files, "summary.json": json.dumps(rows, indent=2, default=str) + "\n",
+             "summary.md": validate_patches.summary(rows).rstrip("\n") + "\n"}
+    return files, {**meta, "command": "nox -s patches (rows of several runs: rows_from)", "rows_from": rows_from}
+
+
 def record(kind: str, run_dir: Path, name: str | None = None, data: Path | None = None) -> Path:
     """Copy a run's summaries into ``data/<kind>/<name>/``, replacing the previous record: the new
     record is made in full beside the old one and renamed into place."""
@@ -224,9 +260,11 @@ def record(kind: str, run_dir: Path, name: str | None = None, data: Path | None 
         raise BadInput(f"--name {name!r}: letters, digits, '.', '_', '+' and '-' only")
     meta = {"kind": kind, "name": name, "source": _source(folder),
             "date": _stamp(folder, folder / FILES[kind][0]), **meta}
+    final = data / kind / name
+    if kind == "patches" and (final / "summary.json").is_file():
+        files, meta = merge_patch_rows(final, files, meta)
     files["record.json"] = sanitize(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     check(kind, folder, files)  # still what its kind needs once sanitised
-    final = data / kind / name
     final.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}.new-"))
     try:
@@ -281,6 +319,11 @@ def load(data: Path | None = None) -> dict[str, list[Record]]:
 
 def provenance(r: Record) -> str:
     m = r.meta
+    if m.get("rows_from"):
+        runs = "; ".join(f"{', '.join(e['rows'])}: run {e['date']} (`{e['source']}`), `{e['command']}`"
+                         for e in m["rows_from"])
+        return (f"_Rows from several runs: {runs}; versions: {m.get('versions', '?')}. "
+                f"Recorded in `findings/{r.kind}/{r.name}/`._")
     part = f" ({m['part']})" if m.get("part") else ""
     return (f"_Run {m.get('date', '?')} (`{m.get('source', '?')}`); "
             f"command: `{m.get('command', '?')}`{part}; versions: {m.get('versions', '?')}. "

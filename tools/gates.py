@@ -37,6 +37,8 @@ MYPY_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "mypy"
 CHANGELOGS = {"pytorch": "src/lightning/pytorch/CHANGELOG.md", "fabric": "src/lightning/fabric/CHANGELOG.md"}
 SECTIONS = patches.CHANGELOG_SECTIONS
 LINK = re.compile(r"\(\[#(\d+)\]\(https://github\.com/Lightning-AI/pytorch-lightning/(?:issues|pull)/(\d+)\)\)$")
+# the link of an entry whose issue or PR does not exist yet: `nox -s pr -- PATCH --number N` fills it in
+PENDING = "([#PR](https://github.com/Lightning-AI/pytorch-lightning/pull/PR))"
 COPYRIGHT = re.compile(r"^# Copyright .*Lightning", re.M)
 LICENSE = re.compile(r"^# Licensed under the Apache License, Version 2\.0", re.M)
 
@@ -416,9 +418,11 @@ def _entry_problems(lines: list[str], number: int, text: str) -> tuple[str | Non
     if section not in SECTIONS:
         problems.append(f"not in a {'/'.join(SECTIONS)} section")
     match = LINK.search(text.rstrip())
-    if not match:
+    if text.rstrip().endswith(PENDING):
+        pass  # no issue or PR yet: its PR's own number, once opened
+    elif not match:
         problems.append("does not end with the link ([#N](https://github.com/Lightning-AI/pytorch-lightning/"
-                        "issues/N))")
+                        f"issues/N)), or {PENDING} until the PR exists")
     elif match.group(1) != match.group(2):
         problems.append(f"link text #{match.group(1)} and its target {match.group(2)} differ")
     if number < 2 or lines[number - 2].strip() or (number < len(lines) and lines[number].strip()):
@@ -434,7 +438,8 @@ def changelog(patch: patches.Patch, after: Path) -> Gate:
     - Each added line is a ``- `` bullet (or blank), under ``## [unreleased]``, inside one of its
       ``### Added/Changed/Deprecated/Removed/Fixed`` sections, separated from its neighbours by
       blank lines as they are, and ends with ``([#N](https://github.com/Lightning-AI/
-      pytorch-lightning/issues/N))`` (or ``pull/N``). A section it lands in keeps no bare ``-``
+      pytorch-lightning/issues/N))`` (or ``pull/N``), or with ``PENDING`` when no issue or PR exists
+      yet (``nox -s pr -- PATCH --number N`` puts the PR's number in). A section it lands in keeps no bare ``-``
       placeholder.
     - Section: ``Added`` when the patch adds public API (a public class or function, or a public
       parameter of one, in a public module; ``@override`` methods implement existing hooks and do
@@ -483,7 +488,10 @@ def changelog(patch: patches.Patch, after: Path) -> Gate:
     if problems:
         return Gate("changelog", False, _short(problems[0], 160) +
                     (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""), "\n".join(problems))
-    return Gate("changelog", True, f"{', '.join(f'{n} {s}' for s, n in seen.items())} entry under unreleased",
+    pending = any(text.rstrip().endswith(PENDING) for path in CHANGELOGS.values()
+                  for _, text in _added_lines(sections.get(path, "")))
+    return Gate("changelog", True, f"{', '.join(f'{n} {s}' for s, n in seen.items())} entry under unreleased"
+                + ("; its link waits for the PR's number" if pending else ""),
                 f"expected {'/'.join(sorted(expected))}: {why}")
 
 

@@ -17,12 +17,13 @@ quoting the recorded runs of FINDINGS.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
 from pathlib import Path
 
-from tools import comments, contract, findings, patches, results
+from tools import comments, contract, findings, gates, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
 class BadInput(contract.BadInput):
@@ -90,7 +91,9 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
     part = comments.parts(patch)  # "Alternatives considered" is not part of what changed
     title, cause, change = part["title"], part["cause"], part["change"]
     recorded = findings.quote([patch.repro[0]], comments.columns_for([patch.repro[0]]))
-    changelog = re.findall(r"(?m)^\+(- .*)$", patch.sections().get("src/lightning/pytorch/CHANGELOG.md", ""))
+    changelog = [line for path in gates.CHANGELOGS.values()
+                 for line in re.findall(r"(?m)^\+(- .*)$", patch.sections().get(path, ""))]
+    pending = [line for line in changelog if line.endswith(gates.PENDING)]
     table = ["| cell | on top of | applies | before | after | earlier fixes still hold |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -111,6 +114,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         "### What changed", "", *[p + "\n" for p in change], *[f"- `{f}`" for f in patch.files], "",
         *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
+        *([f"The entry links `#PR`: no issue or PR exists for it yet. Once this PR is open, `nox -s pr -- "
+           f"{patch.name} --number <its number>` puts its number in.", ""] if pending else []),
         *folded("Evidence: the reproduction without and with this change, and the tests", [
             "### Evidence", "",
             "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
@@ -137,9 +142,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="nox -s pr --")
     p.add_argument("patch", nargs="?", help="a patch of patches/series (none: only the comments)")
     p.add_argument("--bisect", help="a bisect report.md to quote (e.g. the 'never worked' answer)")
+    p.add_argument("--number", type=int, metavar="N",
+                   help="the opened PR's number: replaces a CHANGELOG entry's pending link (#PR)")
     a = p.parse_args(argv)
-    if a.bisect and not a.patch:
-        print("error: --bisect goes with a patch", file=sys.stderr)
+    if (a.bisect or a.number is not None) and not a.patch:
+        print("error: --bisect and --number go with a patch", file=sys.stderr)
+        return 2
+    if a.number is not None and a.number < 1:
+        print(f"error: --number {a.number}: a PR number is a positive integer", file=sys.stderr)
         return 2
     try:
         bundle = {}
@@ -150,7 +160,11 @@ def main(argv=None) -> int:
             rows = evidence(patch)
             if not rows or not all(r["ok"] for r in rows):
                 raise BadInput(f"{patch.name} has not validated: run `nox -s patches` first")
-            bundle = files(patch, issue, rows, bisect, identity())
+            if a.number is not None:
+                if gates.PENDING not in patch.diff:
+                    raise BadInput(f"--number: {patch.name} has no pending CHANGELOG link (#PR) to fill in")
+                patch = dataclasses.replace(patch, diff=fill(patch.diff, a.number))
+            bundle = files(patch, issue, rows, bisect, identity(), a.number)
         texts = comments.texts()
     except contract.BadInput as err:  # the patch, the series, the recorded runs, drafts, questions
         print(f"error: {err}", file=sys.stderr)
@@ -164,6 +178,13 @@ def main(argv=None) -> int:
         print(f"PR bundle: {out / patch.path.stem}")
     print(f"comments: {out / 'comments'} ({', '.join(sorted(texts))})")
     return 0
+
+
+def fill(text: str, number: int | None) -> str:
+    """``text`` with a pending CHANGELOG link (``#PR``) pointing at PR ``number`` (if given)."""
+    if number is None:
+        return text
+    return text.replace(gates.PENDING, gates.PENDING.replace("PR", str(number)))
 
 
 def identity(cwd: Path | None = None) -> tuple[str, str]:
@@ -182,7 +203,7 @@ def identity(cwd: Path | None = None) -> tuple[str, str]:
 
 
 def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None,
-          who: tuple[str, str]) -> dict[str, str]:
+          who: tuple[str, str], number: int | None = None) -> dict[str, str]:
     """The bundle's files by name, made in full before any is written."""
     name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
     out = {"branch.txt": f"bugfix/{issue}_{name}\n", "body.md": body(patch, rows, bisect)}
@@ -194,7 +215,7 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
         except gitrange.BadInput as err:  # LIGHTNING_REPO is no repository, or has no master
             raise BadInput(f"LIGHTNING_REPO: {err}") from None
     else:  # the series' file, its placeholder author replaced by the user's identity
-        text = patches.read(patch.path, patch.name)
+        text = fill(patches.read(patch.path, patch.name), number)
         author = f"From: {who[0]} <{who[1]}>"
         out[patch.name] = re.sub(r"^From: .*$", lambda _: author, text, count=1, flags=re.M)
     return out
