@@ -337,7 +337,8 @@ def test_types_on_lightning_master(tmp_path):
 
 def test_changelog_link_can_wait_for_the_prs_number(tmp_path):
     """No issue or PR exists yet: the entry links the PR's own number, `#PR`, until it is opened."""
-    gate = gates.changelog(*changed(tmp_path, {SRC: BODY, LOG: under("Fixed", FIX.replace(LINK, gates.PENDING))}))
+    entry = FIX.replace(LINK, gates.PENDING)
+    gate = gates.changelog(*changed(tmp_path, {SRC: BODY, LOG: under("Fixed", entry)}))
     assert gate.ok, gate.details
     assert gate.text == "1 Fixed entry under unreleased; its link waits for the PR's number"
     pending = gates.PENDING.replace("/pull/PR", "/pull/1")  # a half-filled link is no link

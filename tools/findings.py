@@ -239,7 +239,8 @@ def merge_patch_rows(final: Path, files: dict[str, str], meta: dict) -> tuple[di
     print(f"{final}: replaced the rows of {', '.join(sorted(ran))}, kept {len(kept)} other rows", flush=True)
     files = {**files, "summary.json": json.dumps(rows, indent=2, default=str) + "\n",
              "summary.md": validate_patches.summary(rows).rstrip("\n") + "\n"}
-    return files, {**meta, "command": "nox -s patches (rows of several runs: rows_from)", "rows_from": rows_from}
+    return files, {**meta, "command": "nox -s patches (rows of several runs: rows_from)",
+                   "rows_from": rows_from}
 
 
 def record(kind: str, run_dir: Path, name: str | None = None, data: Path | None = None) -> Path:

@@ -439,8 +439,8 @@ def changelog(patch: patches.Patch, after: Path) -> Gate:
       ``### Added/Changed/Deprecated/Removed/Fixed`` sections, separated from its neighbours by
       blank lines as they are, and ends with ``([#N](https://github.com/Lightning-AI/
       pytorch-lightning/issues/N))`` (or ``pull/N``), or with ``PENDING`` when no issue or PR exists
-      yet (``nox -s pr -- PATCH --number N`` puts the PR's number in). A section it lands in keeps no bare ``-``
-      placeholder.
+      yet (``nox -s pr -- PATCH --number N`` puts the PR's number in). A section it lands in keeps
+      no bare ``-`` placeholder.
     - Section: ``Added`` when the patch adds public API (a public class or function, or a public
       parameter of one, in a public module; ``@override`` methods implement existing hooks and do
       not count); otherwise ``Fixed`` when its ``Bug:`` field names an issue; otherwise
