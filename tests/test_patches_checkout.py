@@ -122,3 +122,28 @@ def test_the_finetuning_patch_keeps_every_existing_test_passing(tmp_path, monkey
     assert existing["ok"], existing["text"]
     assert re.search(r"all \d+ that passed still pass$", existing["text"])
     assert gates["upstream tests"]["ok"], gates["upstream tests"]["text"]
+
+
+def test_the_open_upstream_work_of_a_patch_on_the_real_history():
+    """The unmerged PRs of the real mirror that matter to a patch: each one's head is in the
+    clone, is no ancestor of master, has no squash commit there, and shares a file that is no
+    CHANGELOG (or names the issue); where the patch stands beside it was checked."""
+    from tools import open_work
+
+    (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
+    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    master = gitrange.resolve(repo, "master")
+    issue = open_work.issue_number(patch.headers["Bug"])
+    found = open_work.related(repo, master, patch.files, issue, patch.diff)
+    if not repo.git.for_each_ref("refs/pull"):
+        assert found == []
+        pytest.skip("this checkout holds no pull requests' heads (refs/pull/*)")
+    squashed = set(re.findall(r"\(#(\d+)\)$", repo.git.log("--format=%s", master), flags=re.M))
+    for pr in found:
+        head = repo.git.rev_parse(f"refs/pull/{pr.number}/head")
+        assert not repo.is_ancestor(head, master) and str(pr.number) not in squashed, pr
+        assert pr.names_issue or pr.touches, pr
+        assert set(pr.touches) <= set(patch.files) and not any(map(open_work.is_changelog, pr.touches)), pr
+        assert re.fullmatch(r"applies|conflicts( in .+)?|the PR no longer merges into master", pr.applies), pr
+    gate = validate_patches.open_upstream_work(patch, repo, master, log=lambda msg: None)
+    assert gate["ok"] == all(f"#{p.number}" in patch.headers["Description"] for p in found if p.names_issue)

@@ -323,3 +323,22 @@ def test_a_pending_changelog_link_gets_the_prs_number(workspace, monkeypatch, ca
     assert pr_bundle.main(["fix-rewrap.patch", "--number", "21999"]) == 2  # nothing pending there
     assert capsys.readouterr().err == (
         "error: --number: fix-rewrap.patch has no pending CHANGELOG link (#PR) to fill in\n")
+
+
+def test_the_pr_body_says_where_the_change_stands_beside_the_related_open_prs(workspace):
+    (patch,) = patches.named("fix-rewrap.patch")
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "good", "after_detail": "in sync", "upstream_tests": "2 passed"} for c in patch.cells]
+    prs = [{"number": 12, "title": "Rework the wrapper", "touches": ["src/x.py"], "names_issue": True,
+            "applies": "conflicts in src/x.py"},
+           {"number": 13, "title": "Other", "touches": ["src/x.py"], "names_issue": False,
+            "applies": "applies"},
+           {"number": 14, "title": "Old", "touches": ["src/x.py"], "names_issue": False,
+            "applies": "the PR no longer merges into master"}]
+    text = pr_bundle.body(patch, rows, None, prs, "0123456789abcdef")
+    section = text.split("### Related open work\n\n")[1].split("\n###")[0]
+    assert section.startswith("Unmerged PRs that change the same files or name the issue (checked against "
+                              "master `0123456789`): #12 name its issue; it applies on top of #13; it "
+                              "conflicts with #12 (conflicts in src/x.py); #14 no longer merge into master.")
+    assert "- #12 (Rework the wrapper) names the issue: conflicts in src/x.py" in section
+    assert "### Related open work" not in pr_bundle.body(patch, rows, None, [], "0123456789abcdef")

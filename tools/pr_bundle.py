@@ -3,7 +3,9 @@
 Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on current master, as
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
-wrong, what changed, the before/after evidence, test evidence, the CHANGELOG entry). Refuses with
+wrong, what changed, the unmerged PRs that change the same files (with a checkout: where this
+change stands beside each, ``tools/open_work.py``), the before/after evidence, test evidence, the
+CHANGELOG entry). Refuses with
 exit 2 when the patch has not validated (``nox -s patches``), an input cannot be read, or git has
 no identity for you (``user.name``, ``user.email``: the PR's author, whom the CLA check reads; the
 series' own ``From:`` is a placeholder): every input is read and checked first, then each output
@@ -86,7 +88,23 @@ def bisect_answer(path: str) -> str:
     return text.split("Reproduce the bisect")[0].strip()
 
 
-def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
+def related_section(prs: list[dict] | None, master: str = "") -> list[str]:
+    """The unmerged PRs that change the same files or name the issue: reviewers know them, and
+    the body says where this change stands beside each (``tools/open_work.py``)."""
+    if not prs:
+        return []
+    from tools import open_work
+
+    named = [p for p in prs if p["names_issue"]]
+    lines = ["### Related open work", "",
+             f"Unmerged PRs that change the same files{' or name the issue' if named else ''} (checked "
+             f"against master `{master[:10]}`): {open_work.summary(prs)}.", ""]
+    lines += [f"- #{p['number']} ({p['title']}) names the issue: {p['applies']}" for p in named]
+    return [*lines, ""] if named else lines
+
+
+def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: list[dict] | None = None,
+         master: str = "") -> str:
     issue = issue_of(patch)
     part = comments.parts(patch)  # "Alternatives considered" is not part of what changed
     title, cause, change = part["title"], part["cause"], part["change"]
@@ -113,6 +131,7 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None) -> str:
         "### What was wrong", "", cause, "",
         "### What changed", "", *[p + "\n" for p in change], *[f"- `{f}`" for f in patch.files], "",
         *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
+        *related_section(related, master),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
         *([f"The entry links `#PR`: no issue or PR exists for it yet. Once this PR is open, `nox -s pr -- "
            f"{patch.name} --number <its number>` puts its number in.", ""] if pending else []),
@@ -206,15 +225,20 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
           who: tuple[str, str], number: int | None = None) -> dict[str, str]:
     """The bundle's files by name, made in full before any is written."""
     name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
-    out = {"branch.txt": f"bugfix/{issue}_{name}\n", "body.md": body(patch, rows, bisect)}
+    out = {"branch.txt": f"bugfix/{issue}_{name}\n"}
     if patch.target == "lightning" and os.environ.get("LIGHTNING_REPO"):
-        from tools import gitrange
+        from tools import gitrange, open_work
 
         try:
+            repo = gitrange.open_repo(os.environ["LIGHTNING_REPO"], ROOT / ".cache" / "repos")
+            master = gitrange.resolve(repo, "master")
             out[f"0001-{patch.path.stem}.patch"] = format_patch(patch, who)
         except gitrange.BadInput as err:  # LIGHTNING_REPO is no repository, or has no master
             raise BadInput(f"LIGHTNING_REPO: {err}") from None
+        prs = open_work.related(repo, master, patch.files, issue, patch.diff)
+        out["body.md"] = body(patch, rows, bisect, [dataclasses.asdict(p) for p in prs], master)
     else:  # the series' file, its placeholder author replaced by the user's identity
+        out["body.md"] = body(patch, rows, bisect)
         text = fill(patches.read(patch.path, patch.name), number)
         author = f"From: {who[0]} <{who[1]}>"
         out[patch.name] = re.sub(r"^From: .*$", lambda _: author, text, count=1, flags=re.M)

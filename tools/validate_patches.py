@@ -12,7 +12,8 @@ row). With a Lightning checkout (``LIGHTNING_REPO``) each Lightning patch is app
 at its ``X-Base`` and at master, and Lightning's own tests run at master: the patch's new tests
 must fail without it and its test files pass with it; the existing tests covering what it changes
 must still pass (``upstream_tests.py``); its new multi-process tests must pass ``--repeat`` times;
-types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``.
+types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``; the
+unmerged PRs that change the same files or name the issue from ``tools/open_work.py``.
 
     nox -s patches [-- --patch NAME] [--cell ID] [--repeat K]
                    [--script PATH (--signature REGEX | --verdict-line | --check-replicas)]
@@ -192,7 +193,7 @@ def detail(result: harness.RunResult) -> str | None:
 # -- the gates: once per patch, on checkouts ----------------------------------------------------
 
 GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
-         "changelog")
+         "changelog", "open upstream work")
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/gates.py's
 SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
 _UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
@@ -209,7 +210,8 @@ def upstream(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int = R
     - upstream tests: the patch's test changes alone must fail; the test files it names
       (``X-Tests``) must pass with it;
     - existing tests, flaky: ``tools/upstream_tests.py``;
-    - types, lint, license, changelog: ``tools/gates.py`` (``other_gates``).
+    - types, lint, license, changelog: ``tools/gates.py`` (``other_gates``);
+    - open upstream work: ``tools/open_work.py``.
     """
     if patch.target == "torch":
         return "not checked: no torch checkout", torch_gates(patch, cell, out, repeat, log)
@@ -276,9 +278,20 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
     gates["flaky"] = ut.flaky_gate(several, repeat, lambda i: ut.run_tests(
         python, after, {n: added[n] for n in several}, logs / f"flaky-{i}"))
     gates["with torch's patches"] = torch_series_gate(series, python, after, added, logs, log)
+    gates["open upstream work"] = open_upstream_work(patch, repo, master, log)
     for wt in (before_wt, after_wt):
         wt.checkout(master)
     return states, {name: gates[name] for name in GATES}
+
+
+def open_upstream_work(patch: patches.Patch, repo, master: str, log=print) -> dict:
+    """The unmerged PRs that change the patch's files or name its issue (``tools/open_work.py``)."""
+    from tools import open_work
+
+    log(f"  {patch.name}: the unmerged PRs that change its files")
+    issue = open_work.issue_number(patch.headers["Bug"])
+    return open_work.gate(patch.headers["Description"], issue,
+                          open_work.related(repo, master, patch.files, issue, patch.diff))
 
 
 def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, added: dict[str, str],
