@@ -9,6 +9,7 @@ import difflib
 import os
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,25 @@ def test_the_open_upstream_work_of_a_patch_on_the_real_history():
         assert re.fullmatch(r"applies|conflicts( in .+)?|the PR no longer merges into master", pr.applies), pr
     gate = validate_patches.open_upstream_work(patch, repo, master, log=lambda msg: None)
     assert gate["ok"] == all(f"#{p.number}" in patch.headers["Description"] for p in found if p.names_issue)
+
+
+def test_every_cited_line_and_commit_of_the_claims_holds_at_master(tmp_path):
+    """The claims that cite Lightning's source or history, read in the real checkout (and torch's,
+    in the torch this suite runs on, the upstream tests' torch)."""
+    import torch
+
+    from tools import claims
+
+    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src",))
+    tree = wt.checkout(gitrange.resolve(repo, "master"))
+    torch_root = os.path.dirname(os.path.dirname(torch.__file__))
+    descriptions = {p.name: p.headers["Description"] for p in patches.series()}
+    checked = 0
+    for name, listed in claims.load().items():
+        for c in listed:
+            if "line" in c or "commit" in c:
+                assert claims.check(c, descriptions[name], set(), [], tree, Path(torch_root), repo) is None, c
+                checked += 1
+    assert checked
+    repo.git.worktree("remove", "--force", str(tmp_path / "wt"))

@@ -342,3 +342,20 @@ def test_the_pr_body_says_where_the_change_stands_beside_the_related_open_prs(wo
                               "conflicts with #12 (conflicts in src/x.py); #14 no longer merge into master.")
     assert "- #12 (Rework the wrapper) names the issue: conflicts in src/x.py" in section
     assert "### Related open work" not in pr_bundle.body(patch, rows, None, [], "0123456789abcdef")
+
+
+def test_the_pr_lists_the_claims_and_their_evidence(workspace, monkeypatch, capsys):
+    monkeypatch.delenv("LIGHTNING_REPO", raising=False)
+    (workspace / "patches" / "claims.toml").write_text(
+        '[["fix-rewrap.patch"]]\nsays = "The fix, in the second paragraph."\n'
+        'test = "tests/tests_pytorch/test_x.py::test_fix"\n')
+    (patch,) = patches.named("fix-rewrap.patch")
+    rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
+             "after": "good", "after_detail": "in sync", "upstream_tests": "2 passed"} for c in patch.cells]
+    results.write_json(workspace / "results" / "patches" / "1" / "summary.json", rows)
+    assert pr_bundle.main(["fix-rewrap.patch"]) == 0
+    item = '- "The fix, in the second paragraph.": test `tests/tests_pytorch/test_x.py::test_fix`'
+    assert f"claims of fix-rewrap.patch and their evidence (1, checked by `nox -s patches`):\n{item}\n" \
+        in capsys.readouterr().out
+    body = (workspace / "results" / "pr" / "fix-rewrap" / "body.md").read_text()
+    assert "<details><summary>Claims and their evidence</summary>" in body and item in body

@@ -3,7 +3,8 @@
 Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on current master, as
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
-wrong, what changed, the unmerged PRs that change the same files (with a checkout: where this
+wrong, what changed, its claims and their evidence (``patches/claims.toml``, also printed), the
+unmerged PRs that change the same files (with a checkout: where this
 change stands beside each, ``tools/open_work.py``), the before/after evidence, test evidence, the
 CHANGELOG entry). Refuses with
 exit 2 when the patch has not validated (``nox -s patches``), an input cannot be read, or git has
@@ -25,7 +26,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools import comments, contract, findings, gates, patches, results
+from tools import claims, comments, contract, findings, gates, patches, results
 
 ROOT = Path(__file__).resolve().parent.parent
 class BadInput(contract.BadInput):
@@ -120,6 +121,7 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
         table.append(f"| {r['cell']} | {on_top} | {r['applies']} | {r['before']} | "
                      f"{r['after']}: {r['after_detail']} | {still} |")
     tests = sorted({r["upstream_tests"] for r in rows})
+    listed = claims.load().get(patch.name, [])
     never = never_run_here(patch)
 
     def folded(summary: str, lines: list[str]) -> list[str]:  # the template's short; the rest opens
@@ -145,6 +147,10 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
              "The test this change adds, on released torch without and with the change: ")
             + "; ".join(tests) + (" (the tests listed under \"Not run here\" were skipped)" if never else ""),
             ""]),
+        *(folded("Claims and their evidence", ["### Claims and their evidence", "",
+                                               "Each claim of the description above, and what backs it "
+                                               "(checked by `nox -s patches`):", "",
+                                               *claims.listing(listed), ""]) if listed else []),
         *(folded("Alternatives considered", ["### Alternatives considered", "",
                                              *[a + "\n" for a in part["alternatives"]]])
           if part["alternatives"] else []),
@@ -195,6 +201,9 @@ def main(argv=None) -> int:
         results.write_atomic(out / "comments" / name, text)
     if bundle:
         print(f"PR bundle: {out / patch.path.stem}")
+        listed = claims.load().get(patch.name, [])
+        print(f"claims of {patch.name} and their evidence ({len(listed)}, checked by `nox -s patches`):")
+        print("\n".join(claims.listing(listed)) or "- none listed in patches/claims.toml")
     print(f"comments: {out / 'comments'} ({', '.join(sorted(texts))})")
     return 0
 

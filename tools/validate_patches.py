@@ -13,7 +13,8 @@ at its ``X-Base`` and at master, and Lightning's own tests run at master: the pa
 must fail without it and its test files pass with it; the existing tests covering what it changes
 must still pass (``upstream_tests.py``); its new multi-process tests must pass ``--repeat`` times;
 types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``; the
-unmerged PRs that change the same files or name the issue from ``tools/open_work.py``.
+unmerged PRs that change the same files or name the issue from ``tools/open_work.py``; the
+claims of the description and their evidence from ``tools/claims.py``.
 
     nox -s patches [-- --patch NAME] [--cell ID] [--repeat K]
                    [--script PATH (--signature REGEX | --verdict-line | --check-replicas)]
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from tools import contract, envs, harness, index, matrix, patches, results, torch_host
+from tools import claims, contract, envs, harness, index, matrix, patches, results, torch_host
 from tools import upstream_tests as ut
 from tools.launcher import How, Launcher, Run
 
@@ -193,7 +194,7 @@ def detail(result: harness.RunResult) -> str | None:
 # -- the gates: once per patch, on checkouts ----------------------------------------------------
 
 GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
-         "changelog", "open upstream work")
+         "changelog", "open upstream work", "claims")
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/gates.py's
 SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
 _UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
@@ -211,7 +212,9 @@ def upstream(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int = R
       (``X-Tests``) must pass with it;
     - existing tests, flaky: ``tools/upstream_tests.py``;
     - types, lint, license, changelog: ``tools/gates.py`` (``other_gates``);
-    - open upstream work: ``tools/open_work.py``.
+    - open upstream work: ``tools/open_work.py``;
+    - claims: ``tools/claims.py`` (each claim of the description backed by a test, a cited line
+      or a recorded run).
     """
     if patch.target == "torch":
         return "not checked: no torch checkout", torch_gates(patch, cell, out, repeat, log)
@@ -279,6 +282,9 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
         python, after, {n: added[n] for n in several}, logs / f"flaky-{i}"))
     gates["with torch's patches"] = torch_series_gate(series, python, after, added, logs, log)
     gates["open upstream work"] = open_upstream_work(patch, repo, master, log)
+    runs = [with_it.outcomes, *(r["outcomes"] for r in gates["flaky"].get("details", {}).get("runs", []))]
+    gates["claims"] = claims.gate(patch.name, patch.headers["Description"], claims.load().get(patch.name, []),
+                                  set(added), runs, before, site_packages(python), repo)
     for wt in (before_wt, after_wt):
         wt.checkout(master)
     return states, {name: gates[name] for name in GATES}
@@ -387,6 +393,7 @@ def torch_gates(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int,
     it. Test methods it adds to torch's existing test files (not in the wheel, and no torch
     checkout can be had here) run in a stand-in of their class (``tools/torch_host.py``)."""
     gates = {name: ut.gate(True, "not run: no torch checkout") for name in GATES}
+    gates["claims"] = ut.gate(True, "not checked: no torch checkout (the claims of a torch patch are read)")
     tests = patch.test_changes()
     if not tests:
         gates["upstream tests"] = ut.gate(False, "the patch adds no test (a PR needs one that fails "
@@ -520,6 +527,7 @@ def plan(patch: str | None, cell: str | None) -> tuple[list[patches.Patch], dict
     work = [(s, c) for s in chosen for c in s.cells if cell in (None, c)]
     if not work:
         raise patches.PatchError(f"no patch of the series targets cell {cell!r}")
+    claims.load()  # a malformed patches/claims.toml is bad input, before anything is made
     return everything, cells, work
 
 
