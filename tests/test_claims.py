@@ -109,3 +109,27 @@ def test_the_series_claims_quote_their_descriptions_and_name_tests_the_patches_a
             assert claims.words(c["says"]) in claims.words(patch.headers["Description"]), (patch.name, c)
             assert "test" not in c or c["test"] in tests, (patch.name, c["test"])
 
+
+
+def a_patch(tmp_path, source_line: str) -> patches.Patch:
+    diff = ("--- a/src/lightning/pytorch/x.py\n+++ b/src/lightning/pytorch/x.py\n@@ -1,1 +1,2 @@\n a = 1\n"
+            f"+{source_line}\n--- a/tests/tests_pytorch/test_x.py\n+++ b/tests/tests_pytorch/test_x.py\n"
+            "@@ -1,1 +1,2 @@\n a = 1\n+model = DistributedDataParallel(model)\n")
+    return patches.Patch(tmp_path / "p.patch", {}, diff, ["src/lightning/pytorch/x.py",
+                                                        "tests/tests_pytorch/test_x.py"])
+
+
+def test_a_patch_that_wraps_again_or_restores_state_shows_what_survives(tmp_path):
+    kept = {"says": "The hooks are kept across the re-wrap", "test": TEST, "kept": "the wrapper's hooks"}
+    rewrap = a_patch(tmp_path, "        self.configure_ddp()")
+    assert claims.stateful(rewrap) == ["configure_ddp("]
+    shown = claims.kept_gate(rewrap, gate([kept]))
+    assert shown == {"ok": True, "text": f"it adds `configure_ddp(`; kept: the wrapper's hooks (`{TEST}`)"}
+    unshown = claims.kept_gate(rewrap, gate([{k: v for k, v in kept.items() if k != "kept"}]))
+    assert not unshown["ok"] and "no claim with `kept` backed by a passing test" in unshown["text"]
+    failing = claims.kept_gate(rewrap, gate([kept], outcomes=[{TEST: "failed"}]))
+    assert not failing["ok"]
+    restore = a_patch(tmp_path, "    def on_load_checkpoint(self, checkpoint):")
+    assert claims.stateful(restore) == ["def on_load_checkpoint"]
+    # a test that makes a DDP wrapper, or a source change that does neither, needs nothing
+    assert claims.kept_gate(a_patch(tmp_path, "    return 1"), {})["ok"]

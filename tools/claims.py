@@ -13,7 +13,12 @@ outlive the text it backs) and names one piece of evidence:
 - ``commit = "<sha>"`` and ``quote = "..."``: that commit of the checkout (where a claim says a
   change came in) adds a line holding the quote.
 
-A Lightning patch with no claim listed fails the gate, as does a claim whose words left the
+A claim may also say what user-visible state it shows survives (``kept = "..."``): the gate
+"behaviour kept" requires one, backed by a test, of every patch whose source changes wrap the
+model again or restore state (``STATEFUL``: a call of ``configure_ddp(`` or
+``DistributedDataParallel(``, a new ``on_load_checkpoint`` or ``load_state_dict``).
+
+A Lightning patch with no claim listed fails the gate "claims", as does a claim whose words left the
 description or whose evidence does not hold. The torch patch's claims are not checked (no torch
 checkout here): the gate says so.
 """
@@ -28,6 +33,8 @@ from tools import contract, patches
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("test", "line", "run", "commit")
+STATEFUL = re.compile(r"configure_ddp\(|DistributedDataParallel\(|def on_load_checkpoint\b|"
+                      r"def load_state_dict\b|\.load_state_dict\(")
 
 
 class BadInput(contract.BadInput):
@@ -120,7 +127,7 @@ def gate(patch_name: str, description: str, claims: list[dict], added: set[str],
     """The gate's ``{"ok", "text", "details": {"claims"}}``: every claim listed, each backed."""
     if not claims:
         return {"ok": False, "text": f"no claim of {patch_name} is listed in patches/claims.toml"}
-    checked = [{"says": c["says"], "evidence": evidence(c),
+    checked = [{"says": c["says"], "evidence": evidence(c), **({"kept": c["kept"]} if "kept" in c else {}),
                 "fails": check(c, description, added, outcomes, tree, torch_root, repo)} for c in claims]
     bad = [c for c in checked if c["fails"]]
     kinds = {k: sum(k in c for c in claims) for k in KINDS}
@@ -135,3 +142,32 @@ def gate(patch_name: str, description: str, claims: list[dict], added: set[str],
 def listing(claims: list[dict]) -> list[str]:
     """The claims as markdown list items, each with its evidence (the PR body, ``nox -s pr``)."""
     return [f"- \"{words(c['says'])}\": {evidence(c)}" for c in claims]
+
+
+def stateful(patch: patches.Patch) -> list[str]:
+    """What the patch's source changes (tests and CHANGELOGs aside) add that wraps the model again
+    or restores state."""
+    found = []
+    for path, section in patch.sections().items():
+        if path.startswith(("tests/", "test/")) or "CHANGELOG" in path:
+            continue
+        for line in section.splitlines():
+            if line.startswith("+") and not line.startswith("+++") and (m := STATEFUL.search(line)):
+                found.append(m.group(0))
+    return sorted(set(found))
+
+
+def kept_gate(patch: patches.Patch, claims_gate: dict) -> dict:
+    """Behaviour kept: a patch that wraps the model again or restores state shows, by a test, what
+    user-visible state survives (a claim with ``kept`` whose test holds)."""
+    what = stateful(patch)
+    if not what:
+        return {"ok": True, "text": "it neither wraps the model again nor restores state"}
+    checked = (claims_gate.get("details") or {}).get("claims", [])
+    kept = [c for c in checked if c.get("kept") and c["evidence"].startswith("test ") and not c["fails"]]
+    calls = ", ".join(f"`{w}`" for w in what)
+    if not kept:
+        return {"ok": False, "text": f"it adds {calls}, and no claim with `kept` backed by a passing test "
+                                     "shows what user-visible state survives"}
+    return {"ok": True, "text": f"it adds {calls}; kept: " + "; ".join(
+        f"{c['kept']} ({c['evidence'].removeprefix('test ')})" for c in kept)}

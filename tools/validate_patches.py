@@ -194,7 +194,7 @@ def detail(result: harness.RunResult) -> str | None:
 # -- the gates: once per patch, on checkouts ----------------------------------------------------
 
 GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
-         "changelog", "open upstream work", "claims")
+         "changelog", "open upstream work", "claims", "behaviour kept")
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/gates.py's
 SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
 _UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
@@ -213,8 +213,9 @@ def upstream(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int = R
     - existing tests, flaky: ``tools/upstream_tests.py``;
     - types, lint, license, changelog: ``tools/gates.py`` (``other_gates``);
     - open upstream work: ``tools/open_work.py``;
-    - claims: ``tools/claims.py`` (each claim of the description backed by a test, a cited line
-      or a recorded run).
+    - claims, behaviour kept: ``tools/claims.py`` (each claim of the description backed by a
+      test, a cited line, a recorded run or a commit; a patch that wraps again or restores state
+      shows by a test what survives).
     """
     if patch.target == "torch":
         return "not checked: no torch checkout", torch_gates(patch, cell, out, repeat, log)
@@ -285,6 +286,7 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
     runs = [with_it.outcomes, *(r["outcomes"] for r in gates["flaky"].get("details", {}).get("runs", []))]
     gates["claims"] = claims.gate(patch.name, patch.headers["Description"], claims.load().get(patch.name, []),
                                   set(added), runs, before, site_packages(python), repo)
+    gates["behaviour kept"] = claims.kept_gate(patch, gates["claims"])
     for wt in (before_wt, after_wt):
         wt.checkout(master)
     return states, {name: gates[name] for name in GATES}
@@ -394,6 +396,7 @@ def torch_gates(patch: patches.Patch, cell: matrix.Cell, out: Path, repeat: int,
     checkout can be had here) run in a stand-in of their class (``tools/torch_host.py``)."""
     gates = {name: ut.gate(True, "not run: no torch checkout") for name in GATES}
     gates["claims"] = ut.gate(True, "not checked: no torch checkout (the claims of a torch patch are read)")
+    gates["behaviour kept"] = claims.kept_gate(patch, {})
     tests = patch.test_changes()
     if not tests:
         gates["upstream tests"] = ut.gate(False, "the patch adds no test (a PR needs one that fails "
