@@ -18,7 +18,15 @@ that hook. Verdict:
   trained a wrong number of batches, ...).
 
 ``--checkpoint mid-epoch`` (a step in the middle of epoch N) and ``--checkpoint epoch-end``
-(``every_n_epochs=1``, saved in ``on_train_epoch_end``) are the controls. Single process on CPU
+(``every_n_epochs=1``, saved in ``on_train_epoch_end``) are the controls.
+
+``--check epoch-end`` judges the rest of epoch N instead: in an uninterrupted run its
+``on_train_epoch_end`` and (with ``--val``) its validation come after that checkpoint, so a run
+resumed from it should still run them; bad (1) when fit 2 runs neither for epoch N or one of them
+(an ``EarlyStopping`` or a monitored ``ModelCheckpoint`` then loses that epoch's evaluation),
+good (0) when both ran. Fit 1 is the control: both ran there after the checkpoint.
+
+Single process on CPU
 (the loop logic does not depend on the strategy). Runs standalone:
 ``python repro/last_batch_resume.py``; the last stdout line is the JSON verdict.
 """
@@ -48,6 +56,8 @@ def parse_args(argv):
     p.add_argument("--batches", type=int, default=4, metavar="B", help="batches per epoch")
     p.add_argument("--no-finetuning", action="store_true", help="without BackboneFinetuning")
     p.add_argument("--val", action="store_true", help="with a validation loader (checked every epoch)")
+    p.add_argument("--check", choices=("epoch-start", "epoch-end"), default="epoch-start",
+                   help="what to judge: the next epochs' start (default) or the rest of epoch N")
     p.add_argument("--import-name", choices=IMPORT_NAMES, default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--accelerator", default="cpu", help="cpu, or gpu (one process: no collective)")
@@ -90,11 +100,18 @@ def fit(pl, torch, args, epochs: int, ckpt_dir: str, ckpt_in: str | None) -> dic
         def configure_optimizers(self):
             return torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1)
 
-    seen: dict = {"starts": [], "batches": {}, "error": None}
+    seen: dict = {"starts": [], "batches": {}, "ends": [], "validated": [], "error": None}
 
     class Watch(pl.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
             seen["starts"].append(trainer.current_epoch)
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen["ends"].append(trainer.current_epoch)
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                seen["validated"].append(trainer.current_epoch)
 
         def on_train_batch_end(self, trainer, pl_module, *rest):
             epoch = trainer.current_epoch
@@ -162,8 +179,37 @@ def main(argv=None) -> None:
                import_name)
     if ckpt is None:
         finish(REPRO, SKIP, None, details, import_name)
-    code, signature, details = judge(args, second, details)
+    if args.check == "epoch-end":
+        code, signature, details = judge_epoch_end(args, first, second, details)
+    else:
+        code, signature, details = judge(args, second, details)
     finish(REPRO, code, signature, details, import_name)
+
+
+def judge_epoch_end(args, first: dict, second: dict, details: dict | None = None):
+    """Did fit 2 run the rest of epoch N (its on_train_epoch_end, and its validation with --val)
+    that came after the checkpoint in fit 1?"""
+    details = dict(details or {})
+    n = args.ckpt_epoch
+    details.update(fit1_epoch_ends=first["ends"], fit1_validated=first["validated"],
+                   fit2_epoch_ends=second["ends"], fit2_validated=second["validated"])
+    wanted = {"on_train_epoch_end": ("ends", True), "validation": ("validated", args.val)}
+    if any(n not in first[key] for key, on in wanted.values() if on):
+        details["reason"] = f"fit 1 did not run epoch {n}'s end itself: nothing to compare with"
+        return SKIP, None, details
+    if second.get("error") is not None and not any(e > n for e in second["batches"]):
+        err = second["error"]  # it ended before fit 2 was past epoch N: nothing to judge
+        last = (str(err).strip().splitlines() or [""])[-1]
+        details["reason"] = f"fit 2 failed: {type(err).__name__}: {last}"
+        return SKIP, None, details
+    missing = [name for name, (key, on) in wanted.items() if on and n not in second[key]]
+    if missing:
+        signature = f"epoch {n}'s {' and '.join(missing)} never ran after the resume"
+        details["summary"] = f"{signature} ({args.checkpoint} checkpoint of epoch {n})"
+        return BAD, signature, details
+    ran = " and ".join(name for name, (_, on) in wanted.items() if on)
+    details["summary"] = f"epoch {n}'s {ran} ran after the resume"
+    return GOOD, None, details
 
 
 def judge(args, second: dict, details: dict | None = None):

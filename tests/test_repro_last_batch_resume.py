@@ -92,3 +92,35 @@ def test_mid_epoch_remainder_is_not_a_replay():
     assert code == 0 and "note" not in details
     code, _, details = judge([0, 1, 2], {0: 1, 1: 4, 2: 4})
     assert code == 0 and details["note"] == "1 batch(es) of epoch 0 trained again after the resume"
+
+
+def test_the_saved_epochs_end_and_validation_never_run_after_a_last_batch_resume(run):
+    """The follow-up of the epoch-start bug: in fit 1 epoch 0's on_train_epoch_end and
+    validation ran after the last-batch checkpoint; the fit resumed from it never runs them."""
+    r = run("--check", "epoch-end", "--val", "--no-finetuning")
+    assert r.verdict == "bad", r.reason
+    details = r.record["details"]
+    assert details["fit1_epoch_ends"] == details["fit1_validated"] == [0]
+    assert details["fit2_epoch_ends"] == details["fit2_validated"] == [1, 2]
+    assert r.record["signature"] == "epoch 0's on_train_epoch_end and validation never ran after the resume"
+
+
+def test_a_mid_epoch_resume_still_ends_the_saved_epoch(run):
+    r = run("--check", "epoch-end", "--val", "--no-finetuning", "--checkpoint", "mid-epoch")
+    assert r.verdict == "good", r.reason
+    assert r.record["details"]["fit2_epoch_ends"][0] == r.record["details"]["fit2_validated"][0] == 0
+
+
+def test_the_epoch_end_judge_needs_fit_1_as_its_control_and_fit_2_past_the_epoch():
+    module = load_repro("last_batch_resume")
+    args = SimpleNamespace(ckpt_epoch=0, val=True, checkpoint="last-batch")
+    done = {"ends": [0], "validated": [0]}
+    code, _, details = module.judge_epoch_end(args, {"ends": [0], "validated": []}, done)
+    assert code == 125 and details["reason"] == "fit 1 did not run epoch 0's end itself: nothing to compare with"
+    failed = {"ends": [], "validated": [], "batches": {0: 1}, "error": RuntimeError("boom")}
+    code, _, details = module.judge_epoch_end(args, done, failed)
+    assert code == 125 and details["reason"] == "fit 2 failed: RuntimeError: boom"
+    later = {"ends": [1], "validated": [], "batches": {1: 4}, "error": TypeError("late")}
+    code, signature, _ = module.judge_epoch_end(args, done, later)
+    assert code == 1 and signature == "epoch 0's on_train_epoch_end and validation never ran after the resume"
+    assert module.judge_epoch_end(args, done, {**done, "batches": {1: 4}})[0] == 0
