@@ -438,8 +438,8 @@ def changelog(patch: patches.Patch, after: Path) -> Gate:
     - Each added line is a ``- `` bullet (or blank), under ``## [unreleased]``, inside one of its
       ``### Added/Changed/Deprecated/Removed/Fixed`` sections, separated from its neighbours by
       blank lines as they are, and ends with ``([#N](https://github.com/Lightning-AI/
-      pytorch-lightning/issues/N))`` (or ``pull/N``), or with ``PENDING`` when no issue or PR exists
-      yet (``nox -s pr -- PATCH --number N`` puts the PR's number in). A section it lands in keeps
+      pytorch-lightning/issues/N))`` (or ``pull/N``), or with ``PENDING``, the PR's own number before
+      it exists (``nox -s pr -- PATCH --number N`` puts it in). A section it lands in keeps
       no bare ``-`` placeholder.
     - Section: ``Added`` when the patch adds public API (a public class or function, or a public
       parameter of one, in a public module; ``@override`` methods implement existing hooks and do

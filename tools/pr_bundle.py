@@ -135,8 +135,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
         *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
         *related_section(related, master),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
-        *([f"The entry links `#PR`: no issue or PR exists for it yet. Once this PR is open, `nox -s pr -- "
-           f"{patch.name} --number <its number>` puts its number in.", ""] if pending else []),
+        *([f"The entry links `#PR`, this PR's own number, which it does not have yet. Once it is open, "
+           f"`nox -s pr -- {patch.name} --number <its number>` puts its number in.", ""] if pending else []),
         *folded("Evidence: the reproduction without and with this change, and the tests", [
             "### Evidence", "",
             "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
