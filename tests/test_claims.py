@@ -133,3 +133,19 @@ def test_a_patch_that_wraps_again_or_restores_state_shows_what_survives(tmp_path
     assert claims.stateful(restore) == ["def on_load_checkpoint"]
     # a test that makes a DDP wrapper, or a source change that does neither, needs nothing
     assert claims.kept_gate(a_patch(tmp_path, "    return 1"), {})["ok"]
+
+
+def test_a_cited_line_is_read_at_master_not_in_a_tree_with_the_earlier_patches(tmp_path):
+    """The gates' trees carry the series' earlier patches, which move master's lines."""
+    repo = git.Repo.init(tmp_path / "r")
+    with repo.config_writer() as cfg:
+        cfg.set_value("user", "name", "t").set_value("user", "email", "t@example.com")
+    (tmp_path / "r" / "src").mkdir()
+    (tmp_path / "r" / "src" / "m.py").write_text("a = 1\nif backend == 'nccl':\n")
+    repo.git.add("-A")
+    repo.git.commit("-q", "-m", "master")
+    (tmp_path / "r" / "src" / "m.py").write_text("# an earlier patch's line\na = 1\nif backend == 'nccl':\n")
+    claim = {"says": "the old check is gone", "line": "src/m.py:2", "quote": "== 'nccl'"}
+    assert claims.check(claim, DESCRIPTION, set(), [], tmp_path / "r", None, repo, master="HEAD") is None
+    assert claims.check(claim, DESCRIPTION, set(), [], tmp_path / "r", None) == \
+        "src/m.py:2 does not hold \"== 'nccl'\""

@@ -8,7 +8,8 @@ outlive the text it backs) and names one piece of evidence:
 - ``test = "path::name"``: a test the patch adds, which passed with the patch (in the run of its
   test files, or in a run of the flaky gate, which must pass in every run anyway);
 - ``line = "path:N"`` and ``quote = "..."``: line N of that file at master holds the quote (a
-  Lightning path in the checkout; ``torch/...`` in the torch of the upstream test environment);
+  Lightning path read from the checkout's master, without the series; ``torch/...`` in the torch
+  of the upstream test environment);
 - ``run = "findings/..."``: a recorded run of the workspace (a folder with its ``record.json``);
 - ``commit = "<sha>"`` and ``quote = "..."``: that commit of the checkout (where a claim says a
   change came in) adds a line holding the quote.
@@ -78,9 +79,11 @@ def passed(node: str, outcomes: list[dict[str, str]]) -> bool:
     return False
 
 
-def check(claim: dict, description: str, added: set[str], outcomes: list[dict[str, str]], tree: Path,
-          torch_root: Path | None, repo=None, root: Path = ROOT) -> str | None:
-    """Why ``claim`` does not hold (None when it does)."""
+def check(claim: dict, description: str, added: set[str], outcomes: list[dict[str, str]], tree: Path | None,
+          torch_root: Path | None, repo=None, root: Path = ROOT, master: str | None = None) -> str | None:
+    """Why ``claim`` does not hold (None when it does). A Lightning line is read at ``master`` in
+    ``repo`` when both are given (the trees the gates run in have the earlier patches applied),
+    else in ``tree``."""
     if words(claim["says"]) not in words(description):
         return "its words are no longer in the description"
     if "test" in claim:
@@ -101,12 +104,15 @@ def check(claim: dict, description: str, added: set[str], outcomes: list[dict[st
         return None if any(claim["quote"] in line for line in added_lines) else \
             f"commit {claim['commit']} adds no line holding {claim['quote']!r}"
     path, _, n = claim["line"].rpartition(":")
-    base = torch_root if path.startswith("torch/") else tree
-    if base is None:
-        return f"{path}: no tree to read it in"
     try:
-        lines = (base / path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        if not path.startswith("torch/") and repo is not None and master:
+            lines = repo.git.show(f"{master}:{path}").splitlines()
+        else:
+            base = torch_root if path.startswith("torch/") else tree
+            if base is None:
+                return f"{path}: no tree to read it in"
+            lines = (base / path).read_text(encoding="utf-8").splitlines()
+    except Exception:  # noqa: BLE001  (no such file there, unreadable: the claim fails)
         return f"{path}: no such file at master"
     line = lines[int(n) - 1] if 0 < int(n) <= len(lines) else ""
     return None if claim["quote"] in line else f"{claim['line']} does not hold {claim['quote']!r}"
@@ -123,12 +129,14 @@ def evidence(claim: dict) -> str:
 
 
 def gate(patch_name: str, description: str, claims: list[dict], added: set[str],
-         outcomes: list[dict[str, str]], tree: Path, torch_root: Path | None, repo=None) -> dict:
+         outcomes: list[dict[str, str]], tree: Path | None, torch_root: Path | None, repo=None,
+         master: str | None = None) -> dict:
     """The gate's ``{"ok", "text", "details": {"claims"}}``: every claim listed, each backed."""
     if not claims:
         return {"ok": False, "text": f"no claim of {patch_name} is listed in patches/claims.toml"}
     checked = [{"says": c["says"], "evidence": evidence(c), **({"kept": c["kept"]} if "kept" in c else {}),
-                "fails": check(c, description, added, outcomes, tree, torch_root, repo)} for c in claims]
+                "fails": check(c, description, added, outcomes, tree, torch_root, repo, master=master)}
+               for c in claims]
     bad = [c for c in checked if c["fails"]]
     kinds = {k: sum(k in c for c in claims) for k in KINDS}
     text = (f"{len(claims)} claims, each backed ({kinds['test']} by tests, {kinds['line']} by cited lines, "

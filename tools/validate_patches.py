@@ -285,7 +285,7 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
     gates["open upstream work"] = open_upstream_work(patch, repo, master, log)
     runs = [with_it.outcomes, *(r["outcomes"] for r in gates["flaky"].get("details", {}).get("runs", []))]
     gates["claims"] = claims.gate(patch.name, patch.headers["Description"], claims.load().get(patch.name, []),
-                                  set(added), runs, before, site_packages(python), repo)
+                                  set(added), runs, None, site_packages(python), repo, master)
     gates["behaviour kept"] = claims.kept_gate(patch, gates["claims"])
     for wt in (before_wt, after_wt):
         wt.checkout(master)
