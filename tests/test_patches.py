@@ -1207,3 +1207,28 @@ def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_pa
     assert validate_patches.torch_series_gate([p for p in series if p.target == "lightning"], python, tree,
                                               alone, tmp_path / "logs" / "y")["text"] == \
         "no torch patch in the series"
+
+
+def test_an_interrupt_after_a_row_keeps_both_tables(tmp_path, monkeypatch, capsys):
+    """The rows done before Ctrl-C are kept in summary.json and summary.md (what `nox -s findings
+    -- --record` reads), not only in the JSON."""
+    from tools import results, validate_patches
+
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(results, "_MADE", {})
+    done = []
+
+    def validate(s, cell, out, earlier, repeat):
+        if done:
+            raise KeyboardInterrupt
+        done.append(cell.id)
+        return {"patch": s.name, "cell": cell.id, "on_top_of": [], "applies": "applies", "checkouts": "-",
+                "before": "bad", "after": "good", "after_detail": "fixed", "series_still_fixed": {},
+                "upstream_tests": "-", "gates": {}, "ok": True}
+
+    monkeypatch.setattr(validate_patches, "validate", validate)
+    assert validate_patches.main(["--patch", "lightning-finetuning-equal-params.patch"]) == 130
+    (run,) = [p for p in (tmp_path / "results" / "patches").iterdir() if not p.is_symlink()]
+    assert [r["cell"] for r in json.loads((run / "summary.json").read_text())] == done
+    assert done[0] in (run / "summary.md").read_text()
+    assert "1 of 2 rows kept in" in capsys.readouterr().err

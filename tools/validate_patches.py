@@ -654,9 +654,11 @@ def validate_all(everything: list[patches.Patch], cells: dict, work: list[tuple]
                              "applies": f"fails ({err})", "checkouts": "-", "before": "-", "after": "-",
                              "after_detail": "not run", "series_still_fixed": {}, "upstream_tests": "-",
                              "gates": {}, "ok": False})
-            results.write_json(out / "summary.json", rows)  # a row at a time: an interrupt keeps them
+            # a row at a time: an interrupt keeps them, both tables
+            results.write_json(out / "summary.json", rows)
+            results.write_atomic(out / "summary.md", summary(rows))
     except KeyboardInterrupt:
-        kept = (f"{len(rows)} of {len(jobs)} rows kept in {out / 'summary.json'}" if rows else
+        kept = (f"{len(rows)} of {len(jobs)} rows kept in {out / 'summary.json'} and summary.md" if rows else
                 f"0 of {len(jobs)} rows finished, nothing kept")
         print(f"interrupted: {kept}; the throwaway environments were removed", file=sys.stderr)
         return 130
