@@ -311,7 +311,9 @@ def test_a_pending_changelog_link_gets_the_prs_number(workspace, monkeypatch, ca
     assert pr_bundle.main(["fix-rewrap.patch"]) == 0
     body = (out / "body.md").read_text()
     assert f"### CHANGELOG\n\n- Fixed it {gates.PENDING}\n" in body
-    assert "`nox -s pr -- fix-rewrap.patch --number <its number>`" in body
+    # what to do next is for the user, not for the PR's body
+    assert "`nox -s pr -- fix-rewrap.patch --number <its number>`" in capsys.readouterr().out
+    assert "--number" not in body
     assert pr_bundle.main(["fix-rewrap.patch", "--number", "21999"]) == 0
     body, text = (out / "body.md").read_text(), (out / "fix-rewrap.patch").read_text()
     link = "([#21999](https://github.com/Lightning-AI/pytorch-lightning/pull/21999))"

@@ -112,7 +112,6 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
     recorded = findings.quote([patch.repro[0]], comments.columns_for([patch.repro[0]]))
     changelog = [line for path in gates.CHANGELOGS.values()
                  for line in re.findall(r"(?m)^\+(- .*)$", patch.sections().get(path, ""))]
-    pending = [line for line in changelog if line.endswith(gates.PENDING)]
     table = ["| cell | on top of | applies | before | after | earlier fixes still hold |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -135,8 +134,6 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
         *(["### Not run here", "", *[f"- {t}" for t in never], ""] if never else []),
         *related_section(related, master),
         *(["### CHANGELOG", "", *changelog, ""] if changelog else []),
-        *([f"The entry links `#PR`, this PR's own number, which it does not have yet. Once it is open, "
-           f"`nox -s pr -- {patch.name} --number <its number>` puts its number in.", ""] if pending else []),
         *folded("Evidence: the reproduction without and with this change, and the tests", [
             "### Evidence", "",
             "The reproduction (`" + " ".join(patch.repro) + "`) on released packages, without and with "
@@ -201,6 +198,9 @@ def main(argv=None) -> int:
         results.write_atomic(out / "comments" / name, text)
     if bundle:
         print(f"PR bundle: {out / patch.path.stem}")
+        if gates.PENDING in patch.diff:  # for you, not for the PR's body
+            print(f"its CHANGELOG entry links #PR: once the PR is open, `nox -s pr -- {patch.name} --number "
+                  "<its number>` puts the number in")
         listed = claims.load().get(patch.name, [])
         print(f"claims of {patch.name} and their evidence ({len(listed)}, checked by `nox -s patches`):")
         print("\n".join(claims.listing(listed)) or "- none listed in patches/claims.toml")
