@@ -3,10 +3,9 @@
 Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on current master, as
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
-wrong, what changed, its claims and their evidence (``patches/claims.toml``, also printed), the
-unmerged PRs that change the same files (with a checkout: where this
-change stands beside each, ``tools/open_work.py``), the before/after evidence, test evidence, the
-CHANGELOG entry). Refuses with
+wrong, what changed, the unmerged PRs that change the same files (with a checkout: where this
+change stands beside each, ``tools/open_work.py``), the before/after evidence, test evidence, its
+claims and their evidence (``patches/claims.toml``, also printed), the CHANGELOG entry). Refuses with
 exit 2 when the patch has not validated (``nox -s patches``), an input cannot be read, or git has
 no identity for you (``user.name``, ``user.email``: the PR's author, whom the CLA check reads; the
 series' own ``From:`` is a placeholder): every input is read and checked first, then each output
