@@ -193,6 +193,9 @@ def judge_epoch_end(args, first: dict, second: dict, details: dict | None = None
     n = args.ckpt_epoch
     details.update(fit1_epoch_ends=first["ends"], fit1_validated=first["validated"],
                    fit2_epoch_ends=second["ends"], fit2_validated=second["validated"])
+    if second.get("error") is not None:  # said also when the verdict does not depend on it
+        err = second["error"]
+        details["fit2_error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]}"
     wanted = {"on_train_epoch_end": ("ends", True), "validation": ("validated", args.val)}
     if any(n not in first[key] for key, on in wanted.values() if on):
         details["reason"] = f"fit 1 did not run epoch {n}'s end itself: nothing to compare with"

@@ -125,3 +125,6 @@ def test_the_epoch_end_judge_needs_fit_1_as_its_control_and_fit_2_past_the_epoch
     code, signature, _ = module.judge_epoch_end(args, done, later)
     assert code == 1 and signature == "epoch 0's on_train_epoch_end and validation never ran after the resume"
     assert module.judge_epoch_end(args, done, {**done, "batches": {1: 4}})[0] == 0
+    crashed = {**done, "batches": {1: 4}, "error": TypeError("late")}
+    code, _, details = module.judge_epoch_end(args, done, crashed)
+    assert code == 0 and details["fit2_error"] == "TypeError: late"  # good for this check, the crash said
