@@ -221,6 +221,51 @@ def test_a_controller_outage_ends_the_wait_with_the_rows_and_slurm_down_stops_ev
         slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
 
 
+def test_a_controller_outage_during_a_bisect_step_ends_the_wait_and_the_job_ends_itself(
+        tmp_path, monkeypatch):
+    """``sbatch --wait`` waits for a dead controller without end: the step asks the controller
+    itself, raises ``Outage`` (a harness failure: exit 128, no verdict), and the job, which
+    nobody can cancel now, ends itself once the heartbeat stops."""
+    monkeypatch.setattr(slurm_jobs, "OUTAGE", 8.0)
+    monkeypatch.setattr(slurm_jobs, "STALE", 12.0)
+    pid_file = tmp_path / "step.pid"
+    cmd = [sys.executable, "-c", "import os, sys, time\n"
+           "tmp = sys.argv[1] + '.tmp'\n"
+           "open(tmp, 'w').write(str(os.getpid())); os.rename(tmp, sys.argv[1])\n"
+           "time.sleep(600)\n", str(pid_file)]
+    raised: list[BaseException] = []
+
+    def step():
+        try:
+            slurm_jobs.run(cmd, timeout=600, log_stem=tmp_path / "step", signature=None,
+                           env=dict(os.environ), opts=slurm_jobs.Options(time="20"), log=lambda m: None)
+        except BaseException as err:
+            raised.append(err)
+
+    thread = threading.Thread(target=step, daemon=True)
+    thread.start()
+    try:
+        pid = int(until(lambda: pid_file.exists() and pid_file.read_text(), 120, "the job never ran"))
+        os.kill(slurm_cluster._alive("slurmctld"), signal.SIGKILL)  # the controller goes away
+        thread.join(timeout=180)  # a bounded end, not a hang
+        assert not thread.is_alive(), "the step still waits on a dead controller"
+        assert len(raised) == 1 and isinstance(raised[0], slurm_jobs.Outage), raised
+        assert isinstance(raised[0], contract.HarnessFailure)  # exit 128 in the bisect: no verdict
+        assert str(raised[0]).startswith("the SLURM controller has not answered for")
+
+        def gone():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+        until(gone, 90, "the job's command outlived the submitter's wait")
+        assert "[slurm guard] the submitter has not touched" in (tmp_path / "step.stderr").read_text()
+    finally:
+        slurm_cluster.down(log=lambda _m: None)
+        slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
+
+
 def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(tmp_path):
     opts = slurm_jobs.Options(time="20")
     r = slurm_jobs.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "step",

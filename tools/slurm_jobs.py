@@ -20,7 +20,8 @@ or ship, and the command lines are the ones a cluster's users already know.
   ``OUTAGE`` seconds ends the wait with every cell's row kept and a one-line reason (exit 128).
 - ``nox -s bisect -- --executor slurm ...``: each step is one job (``sbatch --wait``), its output
   judged as a local run's; with ``--jobs K`` each round of K probes is one job array
-  (``ArrayRound``).
+  (``ArrayRound``). A controller that stops answering for ``OUTAGE`` seconds stops the bisect
+  (``Outage``, exit 128); the job ends itself when the heartbeat stops.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ BEAT = min(5.0, STALE / 4)  # how often the submitter touches it
 # a controller that has not answered for this long ends the wait (rows kept, exit 128)
 OUTAGE = float(os.environ.get("REPRO_SLURM_OUTAGE", "60"))
 CALL_TIMEOUT = 30.0  # any one SLURM command (squeue, scancel, ...) against a controller that hangs
+PROBE = 5.0  # how often a submitter waiting on `sbatch --wait` asks whether the controller answers
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
@@ -238,10 +240,20 @@ def _exports(env: dict | None, indent: str = "") -> str:
                    if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith(("REPRO_", "WORKSPACE_")))
 
 
-def _sbatch_wait(sbatch: list[str], name: str, beat: Path) -> tuple[str, str, int, float]:
+def _answers(name: str) -> bool:
+    """Whether the controller answers a question about the job named ``name``."""
+    return _slurm(["squeue", "-h", f"--name={name}", "-o", "%i"], check=False).returncode == 0
+
+
+def _sbatch_wait(sbatch: list[str], name: str, beat: Path, outage: float | None = None
+                 ) -> tuple[str, str, int, float]:
     """``sbatch --wait`` under a heartbeat: (stdout, stderr, exit code, seconds). Ctrl-C, SIGTERM
-    or ``harness.ABORT`` (a parallel round stopped) cancel the job by its name."""
-    started = time.monotonic()
+    or ``harness.ABORT`` (a parallel round stopped) cancel the job by its name. The controller is
+    asked about the job every ``PROBE`` seconds (``sbatch --wait`` itself waits for it without
+    end): one that has not answered for ``outage`` seconds (default ``OUTAGE``) raises ``Outage``,
+    the heartbeat stops, and the job, which nobody can cancel now, ends itself (``guard``)."""
+    outage = OUTAGE if outage is None else outage
+    started = answered = asked = time.monotonic()
     with heartbeat(beat):
         proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=slurm_env())
@@ -253,10 +265,19 @@ def _sbatch_wait(sbatch: list[str], name: str, beat: Path) -> tuple[str, str, in
                 except subprocess.TimeoutExpired:
                     if harness.ABORT.is_set():
                         raise KeyboardInterrupt from None
-        except BaseException:  # the job goes too
+                if time.monotonic() - asked >= PROBE:
+                    asked = time.monotonic()
+                    if _answers(name):
+                        answered = asked
+                    elif asked - answered > outage:
+                        raise Outage(f"the SLURM controller has not answered for {asked - answered:.0f} s "
+                                     f"(squeue --name={name}): no verdict; the job ends itself within "
+                                     f"{STALE:g} s")
+        except BaseException as err:  # the job goes too
             proc.kill()
             proc.wait()
-            _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
+            if not isinstance(err, Outage):  # nobody to ask: the guard ends it
+                _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
             raise
     return stdout, stderr, proc.returncode, round(time.monotonic() - started, 2)
 
