@@ -68,6 +68,40 @@ def test_leader_blocked_after_its_peer_died_is_ended(tmp_path, launch):
     assert json.dumps(r.to_dict())  # serialisable for the results files
 
 
+ORPHAN = """import os, sys, time
+if os.fork() == 0:  # a child in a group of its own, still in the run's session: it outlives the run
+    os.setpgid(0, 0)
+    open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+    os._exit(0)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+def state(pid: int) -> tuple[str, int] | None:
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def test_a_process_that_leaves_its_runs_group_but_not_its_session_is_killed_and_reaped(tmp_path):
+    """A child that moved to a group of its own (``setpgid``, a shell's job control) inside the
+    run's session outlives the kill of the run's group: it is killed too, named in the run's
+    ``leftovers``, and reaped (it came back to us, the subreaper: no zombie piles up either)."""
+    pid_file, never = tmp_path / "orphan.pid", tmp_path / "never"
+    r = harness.run([sys.executable, "-c", ORPHAN, str(pid_file), str(never)], timeout=60,
+                    log_stem=tmp_path / "r")
+    assert r.code == 0, r.reason
+    pid = int(pid_file.read_text())
+    assert pid in r.leftovers, r.leftovers
+    assert state(pid) is None, state(pid)  # neither alive nor our zombie
+
+
 def test_a_helper_process_that_ends_is_not_a_dead_rank(tmp_path):
     # a script that runs a 3 s helper (a compile step, a git call) and then keeps working
     cmd = script(tmp_path, "import subprocess, sys, time\n"

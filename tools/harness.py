@@ -459,7 +459,7 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
         leftovers = kill_group(proc.pid)
         proc.wait()
         with _LOCK:
-            leftovers += _kill_escaped(started, run_id, {proc.pid, watchdog.pid})
+            leftovers += _kill_escaped(started, run_id, {proc.pid, watchdog.pid}, proc.pid)
             _reap({proc.pid, watchdog.pid})
             _STARTED.difference_update({proc.pid, watchdog.pid})
         sink.drain()
@@ -527,13 +527,15 @@ def _children() -> dict[int, list[str]]:
     return out
 
 
-def _kill_escaped(since: float, run_id: str, own: set[int]) -> list[int]:
-    """Processes of the run that left its group on purpose (a new session: ``setsid``, a daemon)
-    and outlived it. They are our children now (see ``_subreaper``): alive, in a session that is
-    neither ours nor that of a run under way here, started after the run began, and carrying
-    this run's id (or no run id at all: a process that cleared its environment). ``own``: the
-    run's and its watchdog's sessions (what is still dying there was killed already). Killed;
-    their pids are returned, for the run's ``leftovers``."""
+def _kill_escaped(since: float, run_id: str, own: set[int], run_session: int | None = None) -> list[int]:
+    """Processes of the run that left its group on purpose and outlived it: a new session
+    (``setsid``, a daemon) makes them our children (see ``_subreaper``): alive, in a session that
+    is neither ours nor that of a run under way here, started after the run began, and carrying
+    this run's id (or no run id at all: a process that cleared its environment); a group of
+    their own inside the run's session ``run_session`` (``setpgid``, a shell's job control)
+    keeps them alive in it after its group was killed. ``own``: the run's and its watchdog's
+    sessions (what is still dying there in the run's group was killed already). Killed; their
+    pids are returned, for the run's ``leftovers``."""
     session = os.getsid(0)
     busy = set(own)
     for pid in tuple(_STARTED):
@@ -557,6 +559,11 @@ def _kill_escaped(since: float, run_id: str, own: set[int]) -> list[int]:
         if f"{RUN_ID}=".encode() in environ and f"{RUN_ID}={run_id}\0".encode() not in environ:
             continue  # another run's
         escaped.append(pid)
+    if run_session is not None and run_session != session:
+        for entry in os.listdir("/proc"):
+            fields = _stat(int(entry)) if entry.isdigit() else None
+            if fields and fields[0] != "Z" and int(fields[3]) == run_session != int(fields[2]):
+                escaped.append(int(entry))
     for pid in escaped:
         for kill in (os.killpg, os.kill):  # its group, if it leads one; else itself
             try:
@@ -571,14 +578,28 @@ def _kill_escaped(since: float, run_id: str, own: set[int]) -> list[int]:
     return escaped
 
 
-def _reap(sessions: set[int]) -> None:
-    """Collect the zombies the run left us (the orphans of its own group, and of the watchdog)."""
-    for pid, fields in _children().items():
-        if fields[0] == "Z" and int(fields[3]) in sessions and pid not in _STARTED - sessions:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+def _reap(sessions: set[int], wait: float = 5.0) -> None:
+    """Collect the zombies the run left us (the orphans of its own group, and of the watchdog),
+    until nothing of its sessions is left: a killed orphan still dying (the watchdog's ``sleep``)
+    becomes our zombie only a moment later, and would stay one for as long as this process runs."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = False
+        for entry in os.listdir("/proc"):
+            fields = _stat(int(entry)) if entry.isdigit() else None
+            if not fields or int(fields[3]) not in sessions:
+                continue
+            pid = int(entry)
+            if fields[0] == "Z" and int(fields[1]) == os.getpid() and pid not in _STARTED - sessions:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            else:
+                left = True
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def _end_watchdog(watchdog: subprocess.Popen) -> None:
