@@ -654,9 +654,38 @@ def test_a_data_module_used_once_becomes_its_loaders_and_the_program_does_the_sa
     assert "fit(model, train_dataloaders=iter(train_set))" in out
 
 
+FIT_VAL = FIT.replace(
+    "def fit(self, model, train_dataloaders=None, datamodule=None):",
+    "def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None):").replace(
+    "            train_dataloaders = datamodule.train_dataloader()\n",
+    "            train_dataloaders = datamodule.train_dataloader()\n"
+    "            val_dataloaders = datamodule.val_dataloader()\n").replace(
+    "print(json.dumps([model, list(train_dataloaders)]))",
+    "print(json.dumps([model, list(train_dataloaders), list(val_dataloaders or [])]))").replace(
+    "    def train_dataloader(self):",
+    "    def val_dataloader(self):\n        return iter(self.rest or [7])\n\n"
+    "    def train_dataloader(self):")
+
+
+def test_a_data_module_with_a_validation_loader_passes_both_loaders():
+    from tools.minimize_passes import loaders_for_datamodule
+
+    assert all(part in FIT_VAL for part in ("val_dataloaders=None", "datamodule.val_dataloader()",
+                                            "list(val_dataloaders", "def val_dataloader"))
+    out = loaders_for_datamodule({"a.py": FIT_VAL}, "Data")["a.py"]
+    assert "class Data" not in out
+    assert "fit(model, train_dataloaders=iter(train_set), val_dataloaders=iter(rest or [7]))" in out
+    assert "fit('c', iter(train_set), val_dataloaders=iter(rest or [7]))" in out
+    runs_the_same(FIT_VAL, out)
+    taken = FIT_VAL.replace('Trainer().fit("c", data)', 'Trainer().fit("c", data, val_dataloaders=[1])')
+    assert loaders_for_datamodule({"a.py": taken}, "Data") is None  # both given: not ours to choose
+
+
 @pytest.mark.parametrize("change", [
-    ("    def train_dataloader(self):", "    def val_dataloader(self):\n        return 0\n\n"
+    ("    def train_dataloader(self):", "    def test_dataloader(self):\n        return 0\n\n"
      "    def train_dataloader(self):"),  # another hook
+    ("    def train_dataloader(self):", "    def val_dataloader(self):\n        self.seen = 1\n"
+     "        return 0\n\n    def train_dataloader(self):"),  # a validation loader that is not a return
     ("        return iter(self.train_set)", "        return iter(self.trainer)"),  # Lightning's own state
     ("        size = 3 if", "        print(self.hparams)\n        size = 3 if"),  # in setup too
     ("        size = 3 if", "        pick = lambda stage: stage\n        size = 3 if"),  # another stage

@@ -1444,7 +1444,7 @@ def flattenable(files: dict[str, str | None]) -> list[str]:
 
 # -- a Lightning data module used once, as plain data loaders -------------------------------
 
-DATA_HOOKS = ("prepare_data", "setup", "train_dataloader")
+DATA_HOOKS = ("prepare_data", "setup", "train_dataloader", "val_dataloader")
 
 
 def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str, str | None] | None:
@@ -1452,7 +1452,8 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
     ``fit`` (``datamodule=data``, or ``fit(model, data)``), replaced by what Lightning would do
     with it: ``prepare_data``'s and ``setup``'s bodies run before (their attributes become
     module names: ``self.train_set`` -> ``train_set``, ``stage`` -> ``"fit"``) and
-    ``train_dataloader``'s returned loader passed as ``train_dataloaders``. Its hooks run once
+    ``train_dataloader``'s returned loader passed as ``train_dataloaders`` (``val_dataloader``'s,
+    if it has one, as ``val_dataloaders``). Its hooks run once
     then, not at every ``fit``: the harness judges whether that matters. None when that cannot
     be done safely: the class has other methods or state, ``self`` is passed on, or a name
     would change meaning."""
@@ -1481,17 +1482,18 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
                 isinstance(s.value, ast.Call) and isinstance(s.value.func, ast.Attribute)
                 and s.value.func.attr == "__init__")) for s in init.body):
         return None
-    loader = methods.get("train_dataloader")
+    loader, val = methods.get("train_dataloader"), methods.get("val_dataloader")
     if not loader or not set(methods) <= set(DATA_HOOKS):
         return None
-    body = _plain_body(loader)
-    if not (body and len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None):
+    loaders = [m for m in (loader, val) if m is not None]
+    bodies = [_plain_body(m) for m in loaders]
+    if not all(b and len(b) == 1 and isinstance(b[0], ast.Return) and b[0].value is not None for b in bodies):
         return None
     hooks = [methods[h] for h in DATA_HOOKS[:2] if h in methods]
     stored = set()
     moved: list[ast.stmt] = []
     if any(not m.args.args or any(isinstance(n, ast.Name) and n.id in ("super", "__class__")
-                                  for n in ast.walk(m)) for m in [*hooks, loader]):
+                                  for n in ast.walk(m)) for m in [*hooks, *loaders]):
         return None  # a static hook, or one that calls its base's: not plain code to move
     for hook in hooks:
         inner = _plain_body(hook)
@@ -1505,16 +1507,18 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
         stored |= attrs
         values = {a.arg: ast.Constant("fit") for a in hook.args.args[1:]}
         moved += [_substitute(_unself(copy.deepcopy(s), hook.args.args[0].arg), values) for s in inner]
-    read, plain = _self_attrs(loader)
-    if not plain or read:  # train_dataloader stores nothing
-        return None
-    me = loader.args.args[0].arg
-    wanted = {n.attr for h in [*hooks, loader] for n in ast.walk(h) if isinstance(n, ast.Attribute)
+    for m in loaders:
+        read, plain = _self_attrs(m)
+        if not plain or read:  # a loader hook stores nothing
+            return None
+    wanted = {n.attr for h in [*hooks, *loaders] for n in ast.walk(h) if isinstance(n, ast.Attribute)
               and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
               and n.value.id == h.args.args[0].arg}
     if not wanted <= stored:
         return None  # it reads an attribute of Lightning's own (self.trainer, self.hparams)
-    value = _unself(copy.deepcopy(body[0].value), me)
+    value, *rest = [_unself(copy.deepcopy(b[0].value), m.args.args[0].arg)
+                    for m, b in zip(loaders, bodies, strict=True)]
+    val_value = rest[0] if rest else None
     # the one use: ``Name(...)``, assigned to a module name or passed to fit directly
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
     uses = [n for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.Name) and n.id == name]
@@ -1544,7 +1548,7 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
     if not sites or any(isinstance(n, SCOPES) for p in places for n in _ancestors(p, parents)):
         return None  # passed elsewhere, or inside a function: its names would not be module names
     hoisted = ast.Module(body=moved, type_ignores=[])
-    own = _bound(hoisted) | _bound(value) | stored
+    own = _bound(hoisted) | _bound(value) | (_bound(val_value) if val_value else set()) | stored
     elsewhere = set()  # the module names the rest of the program binds or reads
     for node in tree.body:
         if node is cls or (node is where and var is not None):
@@ -1560,6 +1564,11 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
             site.arg, site.value = "train_dataloaders", copy.deepcopy(value)
         else:
             site.args[index] = copy.deepcopy(value)
+        if val_value is not None:
+            fit = parents[id(site)] if index is None else site
+            if len(fit.args) > 2 or any(k.arg == "val_dataloaders" for k in fit.keywords):
+                return None
+            fit.keywords.append(ast.keyword("val_dataloaders", copy.deepcopy(val_value)))
     at = tree.body.index(where)
     tree.body[at:at + 1] = moved + ([] if var is not None else [where])
     tree.body = [s for s in tree.body if s is not cls]
