@@ -181,6 +181,38 @@ def test_kept_statements_survive_unchanged(reduced):
         in (out / "best" / "train.py").read_text()
 
 
+CHECKED = textwrap.dedent("""
+    def grads(model):
+        return [p for p in model if p]
+
+    def stuck(model, before):
+        return [name for name, p in zip(before, grads(model)) if p == before[name]]
+
+    def unrelated():
+        return 1
+
+    model, before = [1, 2], {"a": 1, "b": 3}
+    left = stuck(model, before)  # minimize: keep
+    if left:  # minimize: keep
+        raise RuntimeError(f"never trained: {left}")  # minimize: keep
+""")
+
+
+def test_what_a_marked_statement_calls_is_kept_whole():
+    # a reduction once emptied the function a marked line called (``stuck`` -> ``return [name
+    # for name in before]``): the marked raise then fired without the bug
+    kept = {"a.py": m.kept_statements(CHECKED)}
+    assert len(kept["a.py"]) == 5  # the three marked, ``stuck`` and, through it, ``grads``
+    hollow = CHECKED.replace("[name for name, p in zip(before, grads(model)) if p == before[name]]",
+                             "[name for name in before]")
+    inner = CHECKED.replace("[p for p in model if p]", "model")
+    for candidate in (hollow, inner):
+        assert candidate != CHECKED
+        assert m.missing_kept({"a.py": candidate}, kept).startswith("a statement marked")
+    free = CHECKED.replace("def unrelated():\n    return 1\n", "")
+    assert m.missing_kept({"a.py": free}, kept) is None
+
+
 def test_a_rerun_of_a_finished_reduction_only_confirms(reduced, tmp_path):
     script, out, _ = reduced
     proc = run(quick(script, out))
@@ -636,5 +668,7 @@ def test_the_cheap_passes_run_once_more_whatever_the_budget_and_the_counts_agree
     assert "SETTINGS" not in result and "REMEDY" not in result and '"train" == "train"' not in result
     assert "[minimize] last clean-up:" in proc.stdout
     best = re.findall(r"\| best (\d+) lines", proc.stdout)[-1]
-    reported = re.search(r"\| minimized \| (\d+) \|", (out / "report.md").read_text()).group(1)
-    assert best == reported
+    report = (out / "report.md").read_text()
+    assert best == re.search(r"\| minimized \| (\d+) \|", report).group(1)
+    of = re.findall(r"\(of (\d+), (\d+)\)", proc.stdout)[-1]
+    assert of == re.search(r"\| original \| (\d+) \| (\d+) \|", report).groups()  # the original too

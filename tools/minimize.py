@@ -267,10 +267,25 @@ def size(files: dict[str, str | None]) -> tuple[int, int]:
 # -- checks made without a launch ----------------------------------------------------------
 
 def kept_statements(source: str) -> list[str]:
-    """``ast.dump`` of every statement whose first line carries ``# minimize: keep``."""
+    """``ast.dump`` of every statement whose first line carries ``# minimize: keep``, and of every
+    module-level function or class such a statement calls by name (and of what those call, in
+    turn): a marked check stays whole, not only its marked lines. (A reduction once emptied the
+    function a marked line called, and the marked ``raise`` then fired without the bug.)"""
+    tree = ast.parse(source)
     marked = {i for i, line in enumerate(source.splitlines(), 1) if MARK.search(line)}
-    return [ast.dump(node) for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.stmt) and node.lineno in marked]
+    kept = [node for node in ast.walk(tree) if isinstance(node, ast.stmt) and node.lineno in marked]
+    defs = {n.name: n for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    called: set[str] = set()
+    todo = list(kept)
+    while todo:
+        for node in ast.walk(todo.pop()):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in defs and node.func.id not in called:
+                called.add(node.func.id)
+                todo.append(defs[node.func.id])
+    return [ast.dump(node) for node in kept] + [ast.dump(defs[n]) for n in sorted(called)
+                                                 if defs[n] not in kept]
 
 
 def missing_kept(files: dict[str, str | None], kept: dict[str, list[str]]) -> str | None:
@@ -1110,7 +1125,7 @@ def versions(python: Path) -> dict[str, str]:
 
 def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[str, str | None],
            ended: str, confirmed: list[tuple[bool, str]], seconds: float) -> str:
-    o_lines, o_tokens = size(original)
+    o_lines, o_tokens = oracle.original_size  # formatted, as the progress line counts it
     lines, tokens = size(final)
     seen = sum(ok for ok, *_ in confirmed)
     vers = versions(cfg.python)
@@ -1225,7 +1240,7 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
         oracle.deadline = time.monotonic() + cfg.budget
         if cfg.max_runs is not None:
             oracle.run_limit = oracle.stats.tests + cfg.max_runs
-        log(f"[minimize] reducing {', '.join(original)}: {size(original)[0]} lines, budget "
+        log(f"[minimize] reducing {', '.join(original)}: {shown_size(original)[0]} lines, budget "
             f"{clock(cfg.budget)}")
         ended = reduce(oracle, start)
         final = last_clean_up(oracle, {n: oracle.best.get(n) for n in original})
