@@ -526,6 +526,17 @@ def children(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def still_uv(pid: int) -> bool:
+    """Is ``pid`` still that uv: alive and installing, or a zombie nobody waited for? (On a busy
+    machine its pid may already belong to another process: pid_max can be 32768.)"""
+    try:
+        comm, fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return comm.endswith("(uv") and (fields.split()[0] == "Z" or b"pip install" in cmd)
+
+
 # (signal, to the whole process group as a terminal's Ctrl-C or to the tool only, seconds to wait)
 KILL = [(signal.SIGTERM, "tool", 30)]
 CTRL_C = [(signal.SIGINT, "group", 30)]
@@ -616,10 +627,7 @@ def test_an_interrupt_removes_the_throwaway_environment(tmp_path, signals):
                 proc.wait(wait)
                 break
         out, err = proc.communicate(timeout=30)
-        try:  # still uv (on a busy machine its pid may already belong to another process)
-            uv_left = b"pip install" in Path(f"/proc/{uv[0]}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            uv_left = False
+        uv_left = still_uv(uv[0])
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -245,14 +245,12 @@ def _answers(name: str) -> bool:
     return _slurm(["squeue", "-h", f"--name={name}", "-o", "%i"], check=False).returncode == 0
 
 
-def _sbatch_wait(sbatch: list[str], name: str, beat: Path, outage: float | None = None
-                 ) -> tuple[str, str, int, float]:
+def _sbatch_wait(sbatch: list[str], name: str, beat: Path) -> tuple[str, str, int, float]:
     """``sbatch --wait`` under a heartbeat: (stdout, stderr, exit code, seconds). Ctrl-C, SIGTERM
     or ``harness.ABORT`` (a parallel round stopped) cancel the job by its name. The controller is
     asked about the job every ``PROBE`` seconds (``sbatch --wait`` itself waits for it without
-    end): one that has not answered for ``outage`` seconds (default ``OUTAGE``) raises ``Outage``,
+    end): one that has not answered for ``OUTAGE`` seconds raises ``Outage``,
     the heartbeat stops, and the job, which nobody can cancel now, ends itself (``guard``)."""
-    outage = OUTAGE if outage is None else outage
     started = answered = asked = time.monotonic()
     with heartbeat(beat):
         proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -269,7 +267,7 @@ def _sbatch_wait(sbatch: list[str], name: str, beat: Path, outage: float | None 
                     asked = time.monotonic()
                     if _answers(name):
                         answered = asked
-                    elif asked - answered > outage:
+                    elif asked - answered > OUTAGE:
                         raise Outage(f"the SLURM controller has not answered for {asked - answered:.0f} s "
                                      f"(squeue --name={name}): no verdict; the job ends itself within "
                                      f"{STALE:g} s")
