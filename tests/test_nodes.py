@@ -81,9 +81,11 @@ def test_a_dead_node_never_leaves_the_others_blocked(worker, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_signature_on_any_node_is_bad_without_a_verdict_line(worker, tmp_path):
-    r = job(worker, tmp_path, "signature", signature="'NoneType' object has no attribute 'reducer'")
+    # node 0's agent waits for the failed node at its exit barrier: a short grace ends it
+    r = job(worker, tmp_path, "signature", signature="'NoneType' object has no attribute 'reducer'",
+            peer_grace=3)
     assert r.code == contract.BAD
-    r = job(worker, tmp_path, "signature", signature="something else entirely")
+    r = job(worker, tmp_path, "signature", signature="something else entirely", peer_grace=3)
     assert r.code == contract.SKIP
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import alive
 
 from tools import cells, contract, harness, matrix, nodes, slurm_cluster, slurm_jobs, slurm_matrix
 
@@ -213,11 +214,36 @@ def test_a_controller_outage_ends_the_wait_with_the_rows_and_slurm_down_stops_ev
         assert m.cells[0].id in (out / "summary.md").read_text()  # every cell keeps its row
         lines = []
         assert slurm_cluster.down(log=lines.append) == 0
-        assert not slurm_cluster.cluster_processes()  # slurmd and slurmstepd too, without pid files
+        assert not slurm_cluster.cluster_processes(jobs=True)  # slurmd, slurmstepd, the job: no pid files
         assert slurm_cluster.down(log=lines.append) == 0 and lines[-1] == "[slurm] not running"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
+
+
+def test_slurm_down_after_an_outage_also_stops_what_the_jobs_run(tmp_path):
+    """A dead controller cannot cancel a job, and killing ``slurmstepd`` leaves its batch script
+    and what that started running (they were found alive after ``slurm_down`` before): they are
+    found by this cluster's ``SLURM_CONF`` and a job id in their environment."""
+    pid_file, script = tmp_path / "job.pid", tmp_path / "job.py"
+    script.write_text("import os, sys, time\ntmp = sys.argv[1] + '.tmp'\n"
+                      "open(tmp, 'w').write(str(os.getpid())); os.rename(tmp, sys.argv[1])\n"
+                      "time.sleep(600)\n")
+    done = subprocess.run(["sbatch", f"--output={tmp_path / 'job.out'}", "--wrap",
+                           f"{sys.executable} {script} {pid_file}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    try:
+        pid = int(until(lambda: pid_file.exists() and pid_file.read_text(), 120, "the job never ran"))
+        os.kill(slurm_cluster._alive("slurmctld"), signal.SIGKILL)  # nobody can cancel it now
+        lines: list[str] = []
+        assert slurm_cluster.down(log=lines.append) == 0
+        assert not alive(pid), "the job's command outlived slurm_down"
+        assert "processes of its jobs" in lines[-1], lines
+        assert not slurm_cluster.cluster_processes(jobs=True)
+    finally:
+        slurm_cluster.down(log=lambda _m: None)
         slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
 
 

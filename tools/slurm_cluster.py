@@ -191,59 +191,86 @@ def up(log=print) -> int:
     return 0
 
 
-def cluster_processes() -> dict[int, str]:
+def _ancestors() -> set[int]:
+    """This process and the processes it runs under (never stopped: ``nox -s slurm_down`` may run
+    inside a job of this cluster)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def cluster_processes(jobs: bool = False) -> dict[int, str]:
     """Every process of this cluster, whatever its pid files say (a controller that died leaves
     them stale; ``slurmstepd`` has none): pid -> name, for the daemons whose command line names
     this cluster's files, or whose environment does (``slurmstepd`` inherits ``SLURM_CONF`` from
-    the ``slurmd`` that started it)."""
+    the ``slurmd`` that started it). With ``jobs``, also the processes of its jobs: a job's batch
+    script and everything it started have this cluster's ``SLURM_CONF`` and a ``SLURM_JOB_ID``
+    in their environment (a dead controller cannot cancel them, and killing ``slurmstepd``
+    leaves them running)."""
     mine, conf = str(HOME), f"SLURM_CONF={HOME / 'slurm.conf'}".encode()
-    found = {}
+    found, skip = {}, _ancestors() if jobs else set()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) in skip:
             continue
         try:
             name = Path(f"/proc/{entry}/comm").read_text().strip()
-            if name not in ("slurmctld", "slurmd", "slurmstepd", "munged"):
+            daemon = name in ("slurmctld", "slurmd", "slurmstepd", "munged")
+            if not (daemon or jobs):
+                continue
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            if not daemon and not (conf in environ and any(v.startswith(b"SLURM_JOB_ID=") for v in environ)):
                 continue
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and (mine in cmdline or conf in environ):
-            found[int(entry)] = name
+        if state != "Z" and (not daemon or mine in cmdline or conf in environ):
+            found[int(entry)] = name if daemon else f"job process {name}"
     return found
 
 
 def down(log=print) -> int:
-    """Cancel this cluster's jobs, stop its daemons, found by their config (not by pid files,
-    which a crashed daemon leaves behind); SIGTERM, then SIGKILL; idempotent. What could not be
-    stopped is said."""
+    """Cancel this cluster's jobs, stop its daemons and whatever its jobs left running, found by
+    their config (not by pid files, which a crashed daemon leaves behind); SIGTERM, then SIGKILL;
+    idempotent. ``slurmstepd`` ignores SIGTERM (it ends when its job does), so it is not waited
+    for: once everything else is gone, what is left gets SIGKILL. What could not be stopped is
+    said."""
     if _alive("slurmctld"):
         _run(["scancel", f"--user={getpass.getuser()}"], timeout=30)  # every job of this cluster
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and _run(["squeue", "-h", "-t", "PD,R,CG,S"],
                                                    timeout=30).stdout.strip():
             time.sleep(0.5)
-    order = {"slurmd": 0, "slurmstepd": 1, "slurmctld": 2, "munged": 3}
-    found = sorted(cluster_processes().items(), key=lambda item: order[item[1]])
+    order = {"slurmd": 1, "slurmstepd": 2, "slurmctld": 3, "munged": 4}  # a job's processes first
+    found = sorted(cluster_processes(jobs=True).items(), key=lambda item: order.get(item[1], 0))
+    pids, left = {p for p, _ in found}, dict(found)
     for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-        for pid, _name in found:
+        for pid in left:  # each seen alive just now: a pid that ended is not signalled again
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and set(cluster_processes()) & {p for p, _ in found}:
+        while time.monotonic() < deadline:
+            left = {p: n for p, n in cluster_processes(jobs=True).items() if p in pids}
+            if not left or (sig == signal.SIGTERM and set(left.values()) == {"slurmstepd"}):
+                break
             time.sleep(0.2)
-        if not set(cluster_processes()) & {p for p, _ in found}:
+        if not left:
             break
     for daemon in DAEMONS:
         (HOME / f"{daemon}.pid").unlink(missing_ok=True)
-    left = cluster_processes()
-    names = sorted({name for _, name in found})
+    left = cluster_processes(jobs=True)
+    names = sorted({name for _, name in found if not name.startswith("job process")})
+    jobs = sum(name.startswith("job process") for _, name in found)
     if left:
         log(f"[slurm] could not stop {', '.join(f'{n} ({p})' for p, n in sorted(left.items()))}")
         return 1
-    log(f"[slurm] stopped {', '.join(names)}" if names else "[slurm] not running")
+    what = names + ([f"{jobs} process{'es' if jobs > 1 else ''} of its jobs"] if jobs else [])
+    log(f"[slurm] stopped {', '.join(what)}" if what else "[slurm] not running")
     return 0
 
 
