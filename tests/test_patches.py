@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tools import harness, matrix, patches
+from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -247,8 +248,13 @@ def patched_copy(folder: Path, applied: list) -> Path:
     return folder
 
 
-def run_repro(patch, pythonpath: Path, log_stem: Path):
+def run_repro(patch, pythonpath: Path, log_stem: Path, runner=None):
+    """The patch's repro with ``pythonpath`` first: a new interpreter, or a fork of ``runner``
+    (a preloaded runner started with that PYTHONPATH: Lightning imported once for its runs)."""
     script, *args = patch.repro
+    if runner:
+        return runner.run({"argv": [str(ROOT / script), *args], "timeout": 600, "log_stem": str(log_stem),
+                           "signature": None})
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     return harness.run([sys.executable, str(ROOT / script), *args], timeout=600, env=env, log_stem=log_stem)
 
@@ -269,11 +275,16 @@ def test_lightning_patch_on_top_of_the_series_fixes_its_bug_and_keeps_the_earlie
     before = run_repro(patch, patched_copy(tmp_path / "before", earlier), tmp_path / "before")
     assert before.verdict == patch.headers["X-Expect-Before"], before.reason
     after_path = patched_copy(tmp_path / "after", [*earlier, patch])
-    after = run_repro(patch, after_path, tmp_path / "after")
-    assert after.verdict == patch.headers["X-Expect-After"], after.reason
-    for e in earlier:
-        still = run_repro(e, after_path, tmp_path / f"after-{e.path.stem}")
-        assert still.verdict == e.headers["X-Expect-After"], (e.name, still.reason)
+    # the runs on the patched copy: forks of one runner that imported it (tests/test_equivalence.py:
+    # a fork gives a new interpreter's verdict; the "before" run above is a new interpreter)
+    env = {**os.environ, "PYTHONPATH": str(after_path)}
+    with Runner(sys.executable, env=env, stderr=tmp_path / "runner.stderr") as runner:
+        after = run_repro(patch, after_path, tmp_path / "after", runner)
+        assert after.verdict == patch.headers["X-Expect-After"], after.reason
+        assert runner.forked, (tmp_path / "runner.stderr").read_text()  # the copy imported
+        for e in earlier:
+            still = run_repro(e, after_path, tmp_path / f"after-{e.path.stem}", runner)
+            assert still.verdict == e.headers["X-Expect-After"], (e.name, still.reason)
     mine = Path(metadata.distribution("pytorch_lightning").locate_file("pytorch_lightning/strategies/ddp.py"))
     assert "_rewrap_if_trainable_changed" not in mine.read_text()  # the installed Lightning is untouched
 
