@@ -672,3 +672,91 @@ def test_the_cheap_passes_run_once_more_whatever_the_budget_and_the_counts_agree
     assert best == re.search(r"\| minimized \| (\d+) \|", report).group(1)
     of = re.findall(r"\(of (\d+), (\d+)\)", proc.stdout)[-1]
     assert of == re.search(r"\| original \| (\d+) \| (\d+) \|", report).groups()  # the original too
+
+
+# -- a control: where the bug is fixed ------------------------------------------------------
+
+STEP_ENGINE = '''
+"""Stands for the library: its step skips a layer that was unfrozen after it began (the bug),
+unless ENGINE_FIXED=1 (the fix)."""
+import os
+
+
+class Layer:
+    def __init__(self):
+        self.weight = 1.0
+        self.trainable = False
+
+
+def step(layer, lr):
+    if layer.trainable and os.environ.get("ENGINE_FIXED") == "1":
+        layer.weight -= lr
+
+
+def verify(layer, before):
+    if layer.weight == before:  # minimize: keep
+        raise AssertionError("the unfrozen layer did not move")  # minimize: keep
+'''
+
+STEP_TRAIN = '''
+"""Trains a layer frozen for an epoch, then unfrozen; it checks a symptom (the layer moved)."""
+import json
+
+import engine
+
+CONFIG = {"lr": 0.5, "epochs": 3, "unfreeze_at": 1, "name": "two-phase"}
+
+
+def log_epoch(epoch, layer):
+    print(json.dumps({"epoch": epoch, "weight": layer.weight, "run": CONFIG["name"]}))
+
+
+def main():
+    layer = engine.Layer()
+    before = None
+    for epoch in range(CONFIG["epochs"]):
+        if epoch == CONFIG["unfreeze_at"]:
+            layer.trainable = True
+            before = layer.weight
+        engine.step(layer, CONFIG["lr"])
+        log_epoch(epoch, layer)
+    engine.verify(layer, before)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_control_where_the_bug_is_fixed_keeps_the_reduction_from_faking_the_symptom(tmp_path):
+    # the check tests a symptom: without a control the reducer drops the training step (the
+    # layer then never moves, fix or no fix); with one, a candidate must also be good where the
+    # fix is on, so the step and the library's code path that the fix changes stay
+    results = {}
+    for name, extra in (("plain", ()), ("control", ("--control-env", "ENGINE_FIXED=1"))):
+        (tmp_path / name).mkdir()
+        script = project(tmp_path / name, train=STEP_TRAIN, engine=STEP_ENGINE)
+        out = tmp_path / name / "out"
+        proc = run([str(script), "--signature", "the unfrozen layer did not move", "--python",
+                    sys.executable, "--fresh-process", "--out", str(out), "--confirm", "1", *extra])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        results[name] = [(out / f).read_text() for f in ("minimized/train.py", "minimized/engine.py",
+                                                          "report.md")]
+    assert "engine.step(" not in results["plain"][0]  # a false repro: what the control is for
+    train, engine, report = results["control"]
+    assert "engine.step(" in train and "ENGINE_FIXED" in engine, train + engine
+    assert "where the bug is fixed, it is good in a fresh run" in report
+    assert "not good on the control" in report  # candidates were refused for it
+
+
+@pytest.mark.parametrize("extra, why", [
+    (("--control-env", "UNRELATED=1"), "is not good on the control"),  # the bug is still there
+    (("--control-env", "ENGINE_FIXED"), "give NAME=VALUE"),
+    (("--control-cell", "no-such-cell"), "unknown cell 'no-such-cell'"),
+])
+def test_a_control_that_does_not_fix_the_bug_or_cannot_be_made_is_bad_input(tmp_path, extra, why):
+    script = project(tmp_path, train=STEP_TRAIN, engine=STEP_ENGINE)
+    proc = run([str(script), "--signature", "the unfrozen layer did not move", "--python", sys.executable,
+                "--fresh-process", "--out", str(tmp_path / "out"), *extra])
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

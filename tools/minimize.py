@@ -132,6 +132,11 @@ class Config:
     sandbox: bool = False  # every run in the launcher's sandbox (untrusted code)
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
     max_runs: int | None = None  # --max-runs: a budget in candidate launches, for a reproducible end
+    # --control-cell/--control-python/--control-env: where the bug is fixed; an interesting
+    # candidate must also be good there (else its check tests something other than the bug)
+    control_python: Path | None = None
+    control_where: str = ""
+    control_env: tuple[tuple[str, str], ...] = ()
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -168,6 +173,15 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every candidate (default: forks of one process "
                         "that imported torch and Lightning; the confirmation runs are always fresh)")
+    control = p.add_mutually_exclusive_group()
+    control.add_argument("--control-cell",
+                         help="a matrix cell where the bug is fixed: a candidate is interesting only if "
+                              "it is also good there (a check that tests a symptom the reduction can "
+                              "fake is caught); the original must be good there")
+    control.add_argument("--control-python", help="the same, in this interpreter's environment")
+    p.add_argument("--control-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable of the control runs (a patched copy first on PYTHONPATH, a switch "
+                        "that turns the fix on); alone, the control is the same interpreter with it")
     argv, rest = list(argv), ()
     if "--" in argv:
         cut = argv.index("--")
@@ -192,11 +206,26 @@ def parse_args(argv: list[str]) -> Config:
     if a.max_runs is not None and a.max_runs < 1:
         raise BadInput("--max-runs must be >= 1")
     contract.check_nodes(a)
+    control_env = tuple(control_variable(v) for v in a.control_env)
     python, where_ = interpreter(a.python, a.cell)
+    control_python, control_where = None, ""
+    if a.control_cell or a.control_python:
+        control_python, control_where = interpreter(a.control_python, a.control_cell)
+    elif control_env:
+        control_python, control_where = python, where_
+    if control_env:
+        control_where += " with " + " ".join(f"{k}={v}" for k, v in control_env)
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
                   out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox,
-                  (a.nodes, a.ranks_per_node), a.max_runs)
+                  (a.nodes, a.ranks_per_node), a.max_runs, control_python, control_where, control_env)
+
+
+def control_variable(text: str) -> tuple[str, str]:
+    name, eq, value = text.partition("=")
+    if not eq or not name.isidentifier():
+        raise BadInput(f"--control-env {text!r}: give NAME=VALUE")
+    return name, value
 
 
 def interpreter(python: str | None, cell_id: str | None) -> tuple[Path, str]:
@@ -588,18 +617,25 @@ class Oracle:
         # the candidates' runs: forks of one preloaded runner, a fresh interpreter with --fresh-process
         self.launcher = Launcher(How(fresh=cfg.fresh_process, runner_stderr=cfg.out / "preloaded.stderr",
                                      nodes=cfg.nodes[0], ranks_per_node=cfg.nodes[1]))
+        self.control = None if cfg.control_python is None else Launcher(
+            How(fresh=cfg.fresh_process, runner_stderr=cfg.out / "control.stderr", nodes=cfg.nodes[0],
+                ranks_per_node=cfg.nodes[1]))
         (cfg.out / "runs").mkdir(parents=True, exist_ok=True)
 
     def key(self, files: dict[str, str | None]) -> str:
         payload = json.dumps([sorted(files.items()), self.cfg.signature, self.cfg.verdict_line,
                               str(self.cfg.python), list(self.cfg.args), self.trials, self.site,
                               self.cfg.fresh_process, self.timeout, self.cfg.check_replicas,
-                              *([list(self.cfg.nodes)] if self.cfg.nodes[0] > 1 else [])])
+                              *([list(self.cfg.nodes)] if self.cfg.nodes[0] > 1 else []),
+                              *([str(self.cfg.control_python), list(self.cfg.control_env)]
+                                if self.control else [])])
         return hashlib.sha256(payload.encode()).hexdigest()
 
     # one launch
-    def launch(self, files: dict[str, str | None], stem: str, fresh: bool) -> tuple[harness.RunResult, str]:
-        """Run the candidate once in a new folder; its result and its output."""
+    def launch(self, files: dict[str, str | None], stem: str, fresh: bool,
+               control: bool = False) -> tuple[harness.RunResult, str]:
+        """Run the candidate once in a new folder (on the control with ``control``); its result
+        and its output."""
         work = self.cfg.out / "work" / stem
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
@@ -619,10 +655,13 @@ class Oracle:
         argv = [str(work / self.cfg.script.name), *self.cfg.args]
         log_stem = self.cfg.out / "runs" / stem
         signature = None if self.cfg.verdict_line else self.cfg.signature
+        launcher, python = (self.control, self.cfg.control_python) if control else (self.launcher,
+                                                                                     self.cfg.python)
         try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
-            r = self.launcher.run(Run(tuple(argv), self.cfg.python, cwd=work, timeout=self.timeout,
-                                      signature=signature, log_stem=log_stem, own=not fresh,
-                                      check_replicas=self.cfg.check_replicas, sandbox=self.cfg.sandbox))
+            r = launcher.run(Run(tuple(argv), python, cwd=work, timeout=self.timeout,
+                                 env=dict(self.cfg.control_env) if control else {},
+                                 signature=signature, log_stem=log_stem, own=not fresh,
+                                 check_replicas=self.cfg.check_replicas, sandbox=self.cfg.sandbox))
         finally:
             shutil.rmtree(work, ignore_errors=True)
         output = "".join(Path(p).read_text(errors="replace")
@@ -657,6 +696,14 @@ class Oracle:
             if answers[-1][0] and stop_at_bad:
                 break
         return answers
+
+    def on_control(self, files: dict[str, str | None], fresh: bool = False) -> tuple[bool, str, bool]:
+        """One run on the control: good there? why not, and is that final (as ``judge`` says)."""
+        stem = f"control-{self.key(files)[:12]}-{self.stats.tests}"
+        r, _ = self.launch(files, stem, fresh or self.cfg.fresh_process, control=True)
+        self.stats.tests += 1
+        own_exit = r.returncode is not None and r.returncode >= 0
+        return r.code == contract.GOOD, f"{r.verdict}: {r.reason or 'clean'}", own_exit
 
     def record_values(self, files: dict[str, str | None]) -> dict[str, dict[int, str]]:
         """One launch of ``files`` with their config reads recorded (``minimize_passes``): per
@@ -724,6 +771,18 @@ class Oracle:
             raise BadInput(f"{self.cfg.script.name} is not bad on {self.cfg.where}: the signature "
                            f"was not seen in {runs} run(s) (logs: {self.cfg.out / 'runs'})")
         self.site = tuple(site) if site else None
+        if self.control:
+            key = f"{self.key(self.original)}|control"
+            if not self.state.get(key):
+                good, why, _ = self.on_control(self.original)
+                if not good:
+                    raise BadInput(f"{self.cfg.script.name} is not good on the control "
+                                   f"({self.cfg.control_where}): {why}; the control must be where "
+                                   f"the bug is fixed (logs: {self.cfg.out / 'runs'})")
+                self.state.put(key, {"verdict": "good", "codes": [contract.GOOD], "seconds": 0.0,
+                                     "reason": "the original on the control"})
+            self.log(f"[minimize] good on the control ({self.cfg.control_where}): a candidate must be "
+                     "bad here and good there")
         # the original is the first best: known interesting (also for a run that ends at once)
         if not self.state.get(self.key(self.original)):
             self.state.put(self.key(self.original), {"verdict": "bad", "codes": [1], "seconds": slowest,
@@ -768,6 +827,11 @@ class Oracle:
         if slower:  # not cached: a busy machine may have made it so
             interesting, reason = False, (f"slower: bad, but in {each:.0f} s, where the original took "
                                           f"{self.slowest:.0f} s")
+        if interesting and self.control:
+            good, why, final = self.on_control(files)
+            if not good:
+                interesting, reason = False, f"not good on the control: {why}"
+                answers.append((False, reason, final))
         if (interesting or all(final for *_, final in answers)) and not slower:
             self.state.put(key, {"verdict": "bad" if interesting else "skip",
                                  "codes": [1 if ok else 0 for ok, *_ in answers],
@@ -825,6 +889,8 @@ class Oracle:
 
     def close(self) -> None:
         self.launcher.close()
+        if self.control:
+            self.control.close()
 
 
 def clock(seconds: float) -> str:
@@ -1124,7 +1190,8 @@ def versions(python: Path) -> dict[str, str]:
 
 
 def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[str, str | None],
-           ended: str, confirmed: list[tuple[bool, str]], seconds: float) -> str:
+           ended: str, confirmed: list[tuple[bool, str]], seconds: float,
+           control: tuple[bool, str, bool] | None = None) -> str:
     o_lines, o_tokens = oracle.original_size  # formatted, as the progress line counts it
     lines, tokens = size(final)
     seen = sum(ok for ok, *_ in confirmed)
@@ -1132,6 +1199,9 @@ def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[st
     s = oracle.stats
     rows = "\n".join(f"| {why} | {n} |" for why, n in sorted(s.outcomes.items(), key=lambda kv: -kv[1]))
     removed = [n for n, src in final.items() if src is None]
+    on_control = "" if control is None else (
+        f"\n- **On the control ({cfg.control_where}), where the bug is fixed, it is "
+        f"{'good' if control[0] else f'not good ({control[1]})'} in a fresh run.**")
     return f"""# Minimized: {cfg.script.name}
 
 Signature: {f'`/{cfg.signature}/`' if cfg.signature else
@@ -1150,7 +1220,7 @@ Versions: {', '.join(f'{k} {v}' for k, v in vers.items())} ({cfg.where})
 - Reduction: {s.tests} launches, {s.cache_hits} answered from the cache, {s.static} candidates
   rejected without a launch, {s.improvements} improvements, {clock(seconds)}; it ended because
   {ended}.
-- **The minimized script shows the signature in {seen} of {len(confirmed)} fresh runs.**
+- **The minimized script shows the signature in {seen} of {len(confirmed)} fresh runs.**{on_control}
 
 Why candidates were not interesting:
 
@@ -1255,7 +1325,8 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
             for n in original)
         results.write_atomic(cfg.out / "minimized.diff", diff)
         confirmed = oracle.run_trials(final, cfg.confirm, fresh=True, stop_at_bad=False)
-        text = report(cfg, oracle, original, final, ended, confirmed, time.monotonic() - started)
+        control = oracle.on_control(final, fresh=True) if oracle.control else None
+        text = report(cfg, oracle, original, final, ended, confirmed, time.monotonic() - started, control)
         results.write_atomic(cfg.out / "report.md", text)
     except KeyboardInterrupt:
         if (cfg.out / "best").exists():
@@ -1266,8 +1337,9 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
         oracle.close()
     seen = sum(ok for ok, *_ in confirmed)
     log(text)
-    log(f"[minimize] {cfg.out / 'minimized.py'}: the signature in {seen}/{cfg.confirm} fresh runs")
-    return 0 if seen == cfg.confirm else 1
+    log(f"[minimize] {cfg.out / 'minimized.py'}: the signature in {seen}/{cfg.confirm} fresh runs"
+        + (f"; {'good' if control[0] else 'NOT good'} on the control" if control else ""))
+    return 0 if seen == cfg.confirm and (control is None or control[0]) else 1
 
 
 def main(argv=None) -> int:
