@@ -760,3 +760,36 @@ def test_a_control_that_does_not_fix_the_bug_or_cannot_be_made_is_bad_input(tmp_
                 "--fresh-process", "--out", str(tmp_path / "out"), *extra])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_series_patch_as_the_control_on_a_real_program(tmp_path, monkeypatch):
+    """Real Lightning: the equal-params finetuning program is bad as installed and good with the
+    series' fix applied to a copy; a patch that fixes something else is refused as the control."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the program makes its own folder there
+    script = FIXTURES / "fusion_phases.py"
+    args = [str(script), "--signature", "unfrozen but never trained", "--python", sys.executable,
+            "--max-runs", "2", "--confirm", "1"]
+    proc = run([*args, "--out", str(tmp_path / "fixed"), "--control-patch",
+                "lightning-finetuning-equal-params.patch"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "good on the control" in proc.stdout
+    report = (tmp_path / "fixed" / "report.md").read_text()
+    assert "where the bug is fixed, it is good in a fresh run" in report
+    copy = tmp_path / "fixed" / "control" / "pytorch_lightning" / "callbacks" / "finetuning.py"
+    assert "id(p)" in copy.read_text()  # the fix, in the copy only
+    other = run([*args, "--out", str(tmp_path / "other"), "--control-patch",
+                 "lightning-last-batch-resume.patch"])
+    assert other.returncode == 2, other.stdout[-2000:] + other.stderr[-2000:]
+    assert "fusion_phases.py is not good on the control" in other.stderr
+
+
+@pytest.mark.parametrize("name, why", [
+    ("no-such.patch", "no patch 'no-such.patch' in the series"),
+    ("torch-ddpsink-freed-module-error.patch", "a torch patch"),
+])
+def test_a_control_patch_that_is_not_a_lightning_patch_of_the_series_is_bad_input(tmp_path, name, why):
+    script = project(tmp_path, train=STEP_TRAIN, engine=STEP_ENGINE)
+    proc = run([str(script), "--signature", "the unfrozen layer did not move", "--python", sys.executable,
+                "--fresh-process", "--out", str(tmp_path / "out"), "--control-patch", name])
+    assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

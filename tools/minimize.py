@@ -29,8 +29,13 @@ a usable result), ``state.json`` (verdicts by content hash: a re-run resumes fro
 answers known candidates from it), ``minimized.py`` (formatted), ``minimized.diff``,
 ``report.md`` (sizes, tests, time, the verdict of the result in fresh runs, the versions).
 
-Exit codes: 0 the minimized script shows the signature in every confirmation run; 1 it showed
-it in fewer; 2 bad input, or the script is not bad to begin with; 128 the harness failed;
+With a control (``--control-cell``, ``--control-python``, ``--control-env``, ``--control-patch``:
+where the bug is fixed) a candidate is interesting only if it is also *good* there: a check that
+tests a symptom of the bug, which a reduction can produce without the bug, cannot be faked.
+
+Exit codes: 0 the minimized script shows the signature in every confirmation run (and is good on
+the control); 1 it showed it in fewer (or is not good on the control); 2 bad input, or the script
+is not bad to begin with (or not good on the control); 128 the harness failed;
 130 interrupted (``best/`` stays).
 """
 
@@ -40,6 +45,7 @@ import argparse
 import ast
 import builtins
 import contextlib
+import dataclasses
 import difflib
 import errno
 import fcntl
@@ -58,7 +64,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, envs, harness, index, matrix, results
+from tools import contract, envs, harness, index, matrix, patches, results
 from tools.bisect import State, trials_for
 from tools.contract import BadInput, HarnessFailure
 from tools.launcher import How, Launcher, Run
@@ -137,6 +143,7 @@ class Config:
     control_python: Path | None = None
     control_where: str = ""
     control_env: tuple[tuple[str, str], ...] = ()
+    control_patch: str | None = None  # a Lightning patch of the series, applied to a copy for the control
 
 
 def parse_args(argv: list[str]) -> Config:
@@ -182,6 +189,9 @@ def parse_args(argv: list[str]) -> Config:
     p.add_argument("--control-env", action="append", default=[], metavar="NAME=VALUE",
                    help="a variable of the control runs (a patched copy first on PYTHONPATH, a switch "
                         "that turns the fix on); alone, the control is the same interpreter with it")
+    p.add_argument("--control-patch", metavar="NAME",
+                   help="a Lightning patch of the series (patches/): the control is a copy of the "
+                        "environment's pytorch_lightning with it applied, first on PYTHONPATH")
     argv, rest = list(argv), ()
     if "--" in argv:
         cut = argv.index("--")
@@ -211,14 +221,38 @@ def parse_args(argv: list[str]) -> Config:
     control_python, control_where = None, ""
     if a.control_cell or a.control_python:
         control_python, control_where = interpreter(a.control_python, a.control_cell)
-    elif control_env:
+    elif control_env or a.control_patch:
         control_python, control_where = python, where_
     if control_env:
         control_where += " with " + " ".join(f"{k}={v}" for k, v in control_env)
+    if a.control_patch:
+        (patch,) = patches.named(a.control_patch)  # not in the series: one line, exit 2
+        if patch.target != "lightning":
+            raise BadInput(f"--control-patch {a.control_patch}: a {patch.target} patch; the control "
+                           "applies Lightning patches to a copy of pytorch_lightning")
+        control_where += f" with {a.control_patch} applied"
     out = Path(a.out).resolve() if a.out else ROOT / "results" / "minimize" / script.stem
     return Config(script, rest, a.signature, a.verdict_line, python, where_, trials, a.budget * 60,
                   out, a.timeout, a.fresh_process, a.confirm, a.check_replicas, a.sandbox,
-                  (a.nodes, a.ranks_per_node), a.max_runs, control_python, control_where, control_env)
+                  (a.nodes, a.ranks_per_node), a.max_runs, control_python, control_where, control_env,
+                  a.control_patch)
+
+
+def patched_lightning(python: Path, name: str, folder: Path) -> Path:
+    """``folder`` holding a copy of ``python``'s pytorch_lightning with the series' patch ``name``
+    applied (made again each time: the patch may have changed), to put first on PYTHONPATH."""
+    (patch,) = patches.named(name)
+    found = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                            "print(m.distribution('pytorch_lightning').locate_file('pytorch_lightning'))"],
+                           capture_output=True, text=True, timeout=120)
+    source = Path(found.stdout.strip())
+    if found.returncode or not source.is_dir():
+        raise BadInput(f"--control-patch {name}: no pytorch_lightning in the environment of {python}")
+    copy = folder / "pytorch_lightning"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    patches.apply(patch, copy, 4, patches.installable_for(patch, copy))  # PatchError: exit 2
+    return folder
 
 
 def control_variable(text: str) -> tuple[str, str]:
@@ -1248,6 +1282,11 @@ def minimize(cfg: Config, log=print) -> int:
     except OSError as err:
         raise BadInput(f"--out {cfg.out}: cannot make that folder ({err.strerror})") from None
     with holding(cfg.out, log):
+        if cfg.control_patch:
+            folder = patched_lightning(cfg.control_python, cfg.control_patch, cfg.out / "control")
+            path = os.pathsep.join([str(folder), *[v for k, v in cfg.control_env if k == "PYTHONPATH"]])
+            cfg = dataclasses.replace(cfg, control_env=(*[(k, v) for k, v in cfg.control_env
+                                                          if k != "PYTHONPATH"], ("PYTHONPATH", path)))
         try:
             return reduce_into(cfg, original, started, log)
         except OSError as err:  # a full or read-only disk under --out: no traceback, no verdict
