@@ -20,6 +20,23 @@ def test_write_atomic_leaves_old_file_on_failure(tmp_path):
     assert os.listdir(tmp_path) == ["a.json"]  # no temporary file left behind
 
 
+def test_an_interrupt_just_after_the_rename_is_still_an_interrupt(tmp_path, monkeypatch):
+    """SIGTERM's handler raises where the program is, which can be right after ``os.replace``
+    returned: the clean-up must not then fail on the temporary file the rename already moved
+    (a ``FileNotFoundError`` hid the interrupt and ended a minimize with a traceback)."""
+    path, renamed = tmp_path / "a.json", os.replace
+
+    def replace_then_interrupt(src, dst):
+        renamed(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_json(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert os.listdir(tmp_path) == ["a.json"]
+
+
 def test_run_dir_points_latest_at_the_run(tmp_path):
     run = results.run_dir("repro", base=tmp_path)
     assert (tmp_path / "repro" / "latest").resolve() == run.resolve()

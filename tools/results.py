@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -34,7 +35,9 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(fh.fileno())  # on disk before the rename: a crash leaves the old file or the new
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        # gone already when the interrupt came just after the rename: the new file is in place
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 
