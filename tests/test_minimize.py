@@ -427,6 +427,28 @@ def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_pat
     assert f"[minimize] resuming from {out / 'best'}" in again.stdout
 
 
+def test_a_fresh_confirmation_gets_the_originals_limit_not_the_forks(tmp_path, monkeypatch, capsys):
+    """The candidates' limit comes from the original's runs as forks of the preloaded runner; a
+    fresh run also starts its interpreter and imports. Under the candidates' limit a result that
+    shows the bug timed out in its fresh confirmation, and the reduction failed (seen on a busy
+    machine with the real #20706 program): here a fresh interpreter takes a few seconds longer."""
+    train = TRAIN.replace("\ndef main():\n", (
+        "\nif 'torch' not in sys.modules:  # minimize: keep\n"
+        "    __import__('time').sleep(4)  # a fresh interpreter: what a fork has imported already\n"
+        "\n\ndef main():\n"), 1)
+    assert "minimize: keep" in train
+    script = project(tmp_path, train=train)
+    monkeypatch.setattr(m, "CANDIDATE_TIMEOUT", (3, 2.0))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "out"
+    code = m.main([str(script), "--signature", SIGNATURE, "--python", sys.executable, "--out", str(out),
+                   "--max-runs", "3", "--confirm", "1"])
+    log = capsys.readouterr().out
+    assert "each limited to 2 s" in log  # the forks' limit
+    assert code == 0, log[-2000:]
+    assert "signature in 1 of 1 fresh runs" in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["missing.py", "--signature", "x"], "missing.py: not found"),
     (["tests", "--signature", "x"], "a directory, not a script"),

@@ -691,8 +691,11 @@ class Oracle:
         signature = None if self.cfg.verdict_line else self.cfg.signature
         launcher, python = (self.control, self.cfg.control_python) if control else (self.launcher,
                                                                                      self.cfg.python)
+        # the candidates' limit comes from the original's runs as forks: a fresh run also starts
+        # its interpreters (seconds per rank on a busy machine), so it gets the original's limit
+        timeout = self.cfg.timeout if fresh and not self.cfg.fresh_process else self.timeout
         try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
-            r = launcher.run(Run(tuple(argv), python, cwd=work, timeout=self.timeout,
+            r = launcher.run(Run(tuple(argv), python, cwd=work, timeout=timeout,
                                  env=dict(self.cfg.control_env) if control else {},
                                  signature=signature, log_stem=log_stem, own=not fresh,
                                  check_replicas=self.cfg.check_replicas, sandbox=self.cfg.sandbox))
@@ -1224,7 +1227,7 @@ def versions(python: Path) -> dict[str, str]:
 
 
 def report(cfg: Config, oracle: Oracle, original: dict[str, str], final: dict[str, str | None],
-           ended: str, confirmed: list[tuple[bool, str]], seconds: float,
+           ended: str, confirmed: list[tuple[bool, str, bool]], seconds: float,
            control: tuple[bool, str, bool] | None = None) -> str:
     o_lines, o_tokens = oracle.original_size  # formatted, as the progress line counts it
     lines, tokens = size(final)
@@ -1254,7 +1257,8 @@ Versions: {', '.join(f'{k} {v}' for k, v in vers.items())} ({cfg.where})
 - Reduction: {s.tests} launches, {s.cache_hits} answered from the cache, {s.static} candidates
   rejected without a launch, {s.improvements} improvements, {clock(seconds)}; it ended because
   {ended}.
-- **The minimized script shows the signature in {seen} of {len(confirmed)} fresh runs.**{on_control}
+- **The minimized script shows the signature in {seen} of {len(confirmed)} fresh runs.**{
+    ''.join(f"{chr(10)}  - not bad in a fresh run: {why}" for ok, why, _ in confirmed if not ok)}{on_control}
 
 Why candidates were not interesting:
 
@@ -1353,7 +1357,7 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
             f"{clock(cfg.budget)}")
         ended = reduce(oracle, start)
         final = last_clean_up(oracle, {n: oracle.best.get(n) for n in original})
-        log(f"[minimize] {ended}: {size(final)[0]} lines; confirming with {cfg.confirm} fresh runs")
+        log(f"[minimize] {ended}: {shown_size(final)[0]} lines; confirming with {cfg.confirm} fresh runs")
         final = {n: formatted(s) if s is not None else None for n, s in final.items()}
         write_files(cfg.out / "minimized", final)
         main = final[cfg.script.name]
