@@ -534,7 +534,9 @@ def test_a_local_repository_deleted_and_made_again_is_cloned_again(tmp_path, cap
     make_repo(tmp_path / "src-repo")
     gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
     shutil.rmtree(tmp_path / "src-repo")
-    _, shas = make_repo(tmp_path / "src-repo")
+    # other contents: made again within the same second, the same contents are the same commits
+    # (nothing to clone again: the test failed now and then on a fast run)
+    _, shas = make_repo(tmp_path / "src-repo", fixed_at=9)
     clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
     assert clone.git.rev_parse("master") == shas[-1] or clone.git.rev_parse("origin/master") == shas[-1]
     assert "cloning it again" in capsys.readouterr().out
