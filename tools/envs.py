@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,6 +43,26 @@ COMPILED = {"UV_COMPILE_BYTECODE": "1"}  # what every ``uv pip install`` of the 
 def uv_env() -> dict[str, str]:
     """The environment of a ``uv pip install`` run by the tools: bytecode compiled at install."""
     return {**os.environ, **COMPILED}
+
+
+def link_bytecode(source: Path, site: Path) -> int:
+    """Hard-link (or copy) the compiled bytecode of ``source`` (a site-packages folder) into
+    ``site``, another one installed from the same requirements without compiling: the same
+    files from uv's cache, so the bytecode is valid there too (Python checks each file against
+    its source's time and size, and compiles the source again where they differ). Compiling
+    torch and Lightning again costs about 10 s of CPU; this, well under one. How many folders."""
+    linked = 0
+    for cache in source.rglob("__pycache__"):
+        target = site / cache.relative_to(source)
+        if not target.parent.is_dir() or target.exists():
+            continue  # a package the other one does not have, or bytecode already there
+        try:
+            shutil.copytree(cache, target, copy_function=os.link)
+        except (OSError, shutil.Error):  # another file system: copy instead
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(cache, target)
+        linked += 1
+    return linked
 
 
 class EnvError(RuntimeError):

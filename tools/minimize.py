@@ -250,7 +250,9 @@ def patched_lightning(python: Path, name: str, folder: Path) -> Path:
         raise BadInput(f"--control-patch {name}: no pytorch_lightning in the environment of {python}")
     copy = folder / "pytorch_lightning"
     shutil.rmtree(copy, ignore_errors=True)
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    # with its bytecode (copies keep their times, so it stays valid; apply drops the patched
+    # files'): the control runs do not import Lightning from source
+    shutil.copytree(source, copy)
     patches.apply(patch, copy, 4, patches.installable_for(patch, copy))  # PatchError: exit 2
     return folder
 

@@ -339,7 +339,13 @@ def check(patch: Patch, root: Path, level: int, diff: str | None = None) -> Chec
 
 def apply(patch: Patch, root: Path, level: int, diff: str | None = None) -> None:
     """Apply for real. GNU patch writes new files (never in place), so files hard-linked from
-    uv's cache are replaced, not modified."""
-    proc = _patch(root, level, patch.diff if diff is None else diff, "--no-backup-if-mismatch")
+    uv's cache are replaced, not modified. The bytecode compiled from a file it changed is
+    removed: bytecode that is not checked against its source would run the old code."""
+    diff = patch.diff if diff is None else diff
+    proc = _patch(root, level, diff, "--no-backup-if-mismatch")
     if proc.returncode:
         raise PatchError(f"{patch.name} does not apply: {proc.stdout.strip().splitlines()[-1:]}")
+    for name in re.findall(r"^\+\+\+ (\S+)", diff, re.M):
+        changed = Path(root, *Path(name).parts[level:])
+        for stale in changed.parent.glob(f"__pycache__/{changed.stem}.*.pyc"):
+            stale.unlink(missing_ok=True)

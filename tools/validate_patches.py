@@ -124,12 +124,19 @@ def _uv(cmd: list[str], **kwargs) -> None:
         raise subprocess.CalledProcessError(code, cmd)
 
 
-def throwaway(args: list[str], folder: Path) -> Path:
-    """A new environment in ``folder`` (in a ``scratch`` folder: removed even on an interrupt)."""
+def throwaway(args: list[str], folder: Path, like: Path | None = None) -> Path:
+    """A new environment in ``folder`` (in a ``scratch`` folder: removed even on an interrupt).
+    ``like``: the Python of an environment made from the same requirements (the cell's): its
+    bytecode is linked in rather than compiled again."""
+    python = folder / "bin" / "python"
     _uv([index.uv(), "venv", "--quiet", "--python", "3.11", str(folder)])
-    _uv([index.uv(), "pip", "install", "--quiet", "--python", str(folder / "bin" / "python"), *args],
-        env=envs.uv_env())
-    return folder / "bin" / "python"
+    if like is None:
+        _uv([index.uv(), "pip", "install", "--quiet", "--python", str(python), *args], env=envs.uv_env())
+    else:
+        _uv([index.uv(), "pip", "install", "--quiet", "--no-compile-bytecode", "--python", str(python),
+             *args])
+        envs.link_bytecode(site_packages(like), site_packages(python))
+    return python
 
 
 def run(patch: patches.Patch, python: Path, log_stem: Path) -> harness.RunResult:
@@ -137,9 +144,11 @@ def run(patch: patches.Patch, python: Path, log_stem: Path) -> harness.RunResult
     return Launcher().run(Run((str(ROOT / script), *rest), python, log_stem=log_stem))
 
 
-def patched_env(args: list[str], folder: Path, applied: list[patches.Patch]) -> Path:
-    """A throwaway environment of the cell with ``applied`` patched into its installed files."""
-    python = throwaway(args, folder)
+def patched_env(args: list[str], folder: Path, applied: list[patches.Patch],
+                like: Path | None = None) -> Path:
+    """A throwaway environment of the cell with ``applied`` patched into its installed files
+    (``like``: see ``throwaway``)."""
+    python = throwaway(args, folder, like)
     for p in applied:
         root, level = patches.installed_root(site_packages(python), p)
         patches.apply(p, root, level, patches.installable_for(p, root))
@@ -154,13 +163,13 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
     row = {"patch": patch.name, "cell": cell.id, "on_top_of": [e.name for e in earlier]}
     logs = out / "logs" / patch.name / cell.id
     with scratch("patched-") as tmp:
-        before_py = patched_env(args, tmp / "before", earlier) if earlier else cell_py
+        before_py = patched_env(args, tmp / "before", earlier, cell_py) if earlier else cell_py
         root, level = patches.installed_root(site_packages(before_py), patch)
         checked = patches.check(patch, root, level, patches.installable_for(patch, root))
         row["applies"] = checked.state + (f" ({checked.detail})" if checked.detail else "")
         before = run(patch, before_py, logs / "before")
         fixed = earlier + ([patch] if checked.state in ("applies", "drift") else [])
-        after_py = patched_env(args, tmp / "after", fixed)
+        after_py = patched_env(args, tmp / "after", fixed, cell_py)
         after = run(patch, after_py, logs / "after")
         still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
     row["before"], row["after"] = before.verdict, after.verdict
@@ -317,7 +326,7 @@ def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, ad
     with scratch("torch-series-") as tmp:
         try:
             python = patched_env(["--requirements", str(freeze(python, tmp / "requirements.txt"))],
-                                 tmp / "env", torch_series)
+                                 tmp / "env", torch_series, python)
         except subprocess.CalledProcessError as err:
             return ut.gate(False, f"cannot copy the test environment ({' '.join(err.cmd[:3])} failed)")
         report = ut.run_tests(python, after, added, logs / "with-torch-patches")
@@ -571,7 +580,7 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
     logs = out / "logs" / "script" / cell.id
     with scratch("script-") as tmp:
         before = run_script(script, cell_py, logs / "before")
-        after = run_script(script, patched_env(args, tmp / "after", applied), logs / "after")
+        after = run_script(script, patched_env(args, tmp / "after", applied, cell_py), logs / "after")
     row = {"patch": f"(your script) {script.path.name}", "cell": cell.id,
            "on_top_of": [p.name for p in applied], "applies": "-", "checkouts": "-",
            "before": before.verdict, "before_detail": before.reason, "after": after.verdict,
