@@ -110,7 +110,7 @@ class How:
     fresh: bool = False  # a new interpreter for every run (else own repros fork from a runner)
     nodes: int = 1
     ranks_per_node: int = 1
-    slurm: slurm_jobs.Options | None = None  # each run one SLURM job (sbatch --wait)
+    slurm: slurm_jobs.Options | None = None  # each run one SLURM job (sbatch)
     allocation: dict | None = None  # inside a SLURM job of several nodes: srun launches them
     runner_stderr: Path | None = None  # where a preloaded runner's own messages go
 

@@ -18,10 +18,11 @@ or ship, and the command lines are the ones a cluster's users already know.
   ``kill -9``) stops touching the run's heartbeat file, and every job ends itself within
   ``STALE`` seconds (each job runs under ``guard``). A controller that stops answering for
   ``OUTAGE`` seconds ends the wait with every cell's row kept and a one-line reason (exit 128).
-- ``nox -s bisect -- --executor slurm ...``: each step is one job (``sbatch --wait``), its output
-  judged as a local run's; with ``--jobs K`` each round of K probes is one job array
-  (``ArrayRound``). A controller that stops answering for ``OUTAGE`` seconds stops the bisect
-  (``Outage``, exit 128); the job ends itself when the heartbeat stops.
+- ``nox -s bisect -- --executor slurm ...``: each step is one job, its output judged as a local
+  run's, its end seen within a fraction of a second (``_submit_and_wait``); with ``--jobs K``
+  each round of K probes is one job array (``ArrayRound``). A controller that stops answering
+  for ``OUTAGE`` seconds stops the bisect (``Outage``, exit 128); the job ends itself when the
+  heartbeat stops.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ BEAT = min(5.0, STALE / 4)  # how often the submitter touches it
 # a controller that has not answered for this long ends the wait (rows kept, exit 128)
 OUTAGE = float(os.environ.get("REPRO_SLURM_OUTAGE", "60"))
 CALL_TIMEOUT = 30.0  # any one SLURM command (squeue, scancel, ...) against a controller that hangs
-PROBE = 5.0  # how often a submitter waiting on `sbatch --wait` asks whether the controller answers
+PROBE = 5.0  # how often a submitter waiting on its job asks the controller about it
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
@@ -240,48 +241,86 @@ def _exports(env: dict | None, indent: str = "") -> str:
                    if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith(("REPRO_", "WORKSPACE_")))
 
 
-def _answers(name: str) -> bool:
-    """Whether the controller answers a question about the job named ``name``."""
-    return _slurm(["squeue", "-h", f"--name={name}", "-o", "%i"], check=False).returncode == 0
+def _task_states(job: str, array: bool) -> dict[int, str] | None:
+    """``states`` for an array; for a plain job, ``{0: state}`` (``{}`` once SLURM forgot it)."""
+    if array:
+        return states(job)
+    q = _slurm(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
+    if q.returncode and "Invalid job id" not in q.stderr:
+        return None
+    return {0: q.stdout.split()[0]} if q.stdout.split() else {}
 
 
-def _sbatch_wait(sbatch: list[str], name: str, beat: Path) -> tuple[str, str, int, float]:
-    """``sbatch --wait`` under a heartbeat: (stdout, stderr, exit code, seconds). Ctrl-C, SIGTERM
-    or ``harness.ABORT`` (a parallel round stopped) cancel the job by its name. The controller is
-    asked about the job every ``PROBE`` seconds (``sbatch --wait`` itself waits for it without
-    end): one that has not answered for ``OUTAGE`` seconds raises ``Outage``,
-    the heartbeat stops, and the job, which nobody can cancel now, ends itself (``guard``)."""
-    started = answered = asked = time.monotonic()
+END_GRACE = 30.0  # after every task wrote its exit code, how long the controller may take to say so
+
+
+def _submit_and_wait(sbatch: list[str], name: str, beat: Path, marks: list[Path],
+                     array: bool = False) -> tuple[str, str, dict[int, str], float]:
+    """Submit ``sbatch`` (``--parsable``) under a heartbeat and wait until its job (each task of
+    an array) has ended: (job id, sbatch's stderr, index -> state, seconds); no job id if sbatch
+    failed. Not ``sbatch --wait``: it looks at its job after 2, 10, 42, ... s (on the local
+    cluster a job of 1 s took 10 s to be seen ended, and one of 12 s would take 42 s). Each task
+    writes its exit code to its file in ``marks`` as it ends (on the shared file system), watched
+    here every 0.2 s; the controller is asked every ``PROBE`` s, which also finds a task that
+    ended without writing it (cancelled, timed out, its node lost). Ctrl-C, SIGTERM or
+    ``harness.ABORT`` (a parallel round stopped) cancel the job by its name; a controller that has
+    not answered for ``OUTAGE`` seconds raises ``Outage``, the heartbeat stops, and the job, which
+    nobody can cancel now, ends itself (``guard``)."""
+    started = time.monotonic()
+    for mark in marks:
+        mark.unlink(missing_ok=True)
     with heartbeat(beat):
-        proc = subprocess.Popen(sbatch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=slurm_env())
+        done = _slurm(sbatch, check=False)
+        job = done.stdout.strip().split(";")[0]
+        if done.returncode or not job:
+            return "", done.stderr, {}, round(time.monotonic() - started, 2)
+        found: dict[int, str] = {}
+        answered = asked = time.monotonic()
+        marked_at = None
         try:
             while True:
-                try:
-                    stdout, stderr = proc.communicate(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    if harness.ABORT.is_set():
-                        raise KeyboardInterrupt from None
-                if time.monotonic() - asked >= PROBE:
+                if harness.ABORT.is_set():
+                    raise KeyboardInterrupt
+                if marked_at is None and all(m.exists() for m in marks):
+                    marked_at = time.monotonic()
+                if marked_at is not None or time.monotonic() - asked >= PROBE:
                     asked = time.monotonic()
-                    if _answers(name):
-                        answered = asked
-                    elif asked - answered > OUTAGE:
-                        raise Outage(f"the SLURM controller has not answered for {asked - answered:.0f} s "
-                                     f"(squeue --name={name}): no verdict; the job ends itself within "
-                                     f"{STALE:g} s")
+                    now = _task_states(job, array)
+                    if now is None:  # no answer since `answered`, as of now (a call may hang long)
+                        if time.monotonic() - answered > OUTAGE:
+                            raise Outage(f"the SLURM controller has not answered for "
+                                         f"{time.monotonic() - answered:.0f} s (squeue -j {job}): no "
+                                         f"verdict; the job ends itself within {STALE:g} s")
+                    else:
+                        answered, found = asked, now
+                        if not now or (len(now) >= len(marks) and all(v in ENDED for v in now.values())):
+                            break  # ended (or long forgotten by SLURM)
+                    if marked_at is not None and time.monotonic() - marked_at > END_GRACE:
+                        break  # every task said it ended: the controller is slow to agree
+                time.sleep(0.2)
         except BaseException as err:  # the job goes too
-            proc.kill()
-            proc.wait()
             if not isinstance(err, Outage):  # nobody to ask: the guard ends it
                 _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
             raise
-    return stdout, stderr, proc.returncode, round(time.monotonic() - started, 2)
+    return job, done.stderr, found, round(time.monotonic() - started, 2)
+
+
+def _exit_code(mark: Path) -> int | None:
+    """The exit code a task wrote as it ended, None if it wrote none (cancelled, timed out)."""
+    try:
+        return int(mark.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# a task's shell runs its command, then writes the command's exit code to "$rc" (atomically: the
+# submitter watches for it) and exits with it
+RECORD_EXIT = 'code=$?\necho "$code" >"$rc.tmp" && mv "$rc.tmp" "$rc"\nexit "$code"\n'
+
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
         env: dict | None, opts: Options, log=print) -> harness.RunResult:
-    """``cmd`` as one SLURM job (``sbatch --wait``), judged as a local run of it: the job's
+    """``cmd`` as one SLURM job, judged as a local run of it: the job's
     ``--time`` bounds the run (time in the queue does not count); a job that timed out, was
     cancelled or killed is "cannot test", not final (as a local timeout). Inside a round of
     parallel probes (``array_round``) it joins that round's job array."""
@@ -291,20 +330,20 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
     stem.parent.mkdir(parents=True, exist_ok=True)
     out_path, err_path = Path(f"{stem}.stdout"), Path(f"{stem}.stderr")
     name = f"bisect-step-{os.getpid()}-{time.time_ns()}"
-    script = Path(f"{stem}.sh")
+    script, mark = Path(f"{stem}.sh"), Path(f"{stem}.rc")
     guarded = [sys.executable, *guard_command(Path(f"{stem}.heartbeat")), *cmd]
     results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{_exports(env)}{SCRUB}"
-                         f"exec {' '.join(shlex.quote(c) for c in guarded)}\n")
-    sbatch = ["sbatch", "--parsable", "--wait", f"--job-name={name}", f"--output={out_path}",
+                         f"rc={shlex.quote(str(mark))}\n{' '.join(shlex.quote(c) for c in guarded)}\n"
+                         f"{RECORD_EXIT}")
+    sbatch = ["sbatch", "--parsable", f"--job-name={name}", f"--output={out_path}",
               f"--error={err_path}", *opts.sbatch_args(), f"--time={max(1, int(timeout // 60) + 1)}",
               str(script)]
-    stdout, stderr, code, seconds = _sbatch_wait(sbatch, name, Path(f"{stem}.heartbeat"))
-    job = stdout.strip().split(";")[0]
+    job, stderr, found, seconds = _submit_and_wait(sbatch, name, Path(f"{stem}.heartbeat"), [mark])
     if not job:
         return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
                                  seconds, None)
-    state = job_state(job) or "UNKNOWN"
-    return _judged(f"job {job}", state, code, out_path, err_path, timeout, signature,
+    state = found.get(0) or job_state(job) or "UNKNOWN"
+    return _judged(f"job {job}", state, _exit_code(mark), out_path, err_path, timeout, signature,
                    seconds, log)
 
 
@@ -421,25 +460,21 @@ class ArrayRound:
         script = Path(f"{base}.sh")
         results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
                              f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{SCRUB}"
-                             '"$@" >"$out" 2>"$err"\necho $? >"$rc"\n')
-        for task in batch:
-            Path(f"{task.stem}.rc").unlink(missing_ok=True)
+                             f'"$@" >"$out" 2>"$err"\n{RECORD_EXIT}')
+        marks = [Path(f"{task.stem}.rc") for task in batch]
         name = f"bisect-round-{os.getpid()}-{time.time_ns()}"
         limit = max(task.timeout for task in batch)
-        sbatch = ["sbatch", "--parsable", "--wait", f"--array=0-{len(batch) - 1}", f"--job-name={name}",
+        sbatch = ["sbatch", "--parsable", f"--array=0-{len(batch) - 1}", f"--job-name={name}",
                   f"--output={base}.%a.slurm", *self.opts.sbatch_args(),
                   f"--time={max(1, int(limit // 60) + 1)}", str(script)]
-        stdout, stderr, _code, seconds = _sbatch_wait(sbatch, name, beat)
-        job = stdout.strip().split(";")[0]
+        job, stderr, found, seconds = _submit_and_wait(sbatch, name, beat, marks, array=True)
         if not job:
             raise contract.HarnessFailure(f"sbatch --array failed: {stderr.strip()[-200:]}")
         self.arrays.append(job)
         self.log(f"[slurm] array job {job}: {len(batch)} task(s), one per probe of the round")
-        found = states(job) or {}
         outcomes = []
-        for i, task in enumerate(batch):
-            rc_path = Path(f"{task.stem}.rc")
-            code = int(rc_path.read_text().strip() or -1) if rc_path.exists() else None
+        for i, (task, mark) in enumerate(zip(batch, marks, strict=True)):
+            code = _exit_code(mark)
             outcomes.append(_judged(f"job {job}_{i}", found.get(i, "UNKNOWN"), code,
                                     Path(f"{task.stem}.stdout"), Path(f"{task.stem}.stderr"), task.timeout,
                                     task.signature, seconds, self.log))
