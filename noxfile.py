@@ -150,9 +150,9 @@ def findings(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The workspace's own test suite, against the newest Lightning on a current torch."""
     install(session, f"torch=={TEST_TORCH}", *nox.project.dependency_groups(PYPROJECT, "test"))
-    # two workers: the multi-process tests on one of them, in turn (tests/conftest.py); the 30
-    # slowest tests listed at the end (where the suite's time goes)
-    session.run("pytest", "-n", "2", "--dist", "loadgroup", "--durations=30", *session.posargs)
+    # three workers: the multi-process tests on one of them, in turn; the SLURM tests that only
+    # wait on another (tests/conftest.py); the 30 slowest tests listed at the end
+    session.run("pytest", "-n", "3", "--dist", "loadgroup", "--durations=30", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -27,12 +27,22 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("ddp") is not None)
 
 
+DDP_GROUP = "one-multi-process-job-at-a-time"
+SLURM_GROUP = "slurm-waits"
+
+
 def pytest_itemcollected(item):
-    # With pytest-xdist (`nox -s tests` runs two workers) the multi-process tests all go to one
-    # worker, one after the other, while the other worker takes the single-process tests. (Marked
-    # as each test is collected: pytest-xdist reads the groups when the collection is modified.)
-    if item.get_closest_marker("ddp") or item.get_closest_marker("slurm"):
-        item.add_marker(pytest.mark.xdist_group("one-multi-process-job-at-a-time"))
+    # With pytest-xdist (`nox -s tests` runs three workers) the multi-process tests all go to one
+    # worker, one after the other. The SLURM tests that run no multi-process job (sleepers under a
+    # killed controller, a killed submitter: mostly waiting) go to a second one, one after the
+    # other; every SLURM test holds the cluster (a file lock: tests/test_slurm.py), so they never
+    # overlap the SLURM tests of the first. The third, and the others when their group is done,
+    # take the single-process tests. (Marked as each test is collected: pytest-xdist reads the
+    # groups when the collection is modified.)
+    if item.get_closest_marker("ddp"):
+        item.add_marker(pytest.mark.xdist_group(DDP_GROUP))
+    elif item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group(SLURM_GROUP))
 
 
 @pytest.fixture

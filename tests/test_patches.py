@@ -2,6 +2,7 @@
 
 import contextlib
 import difflib
+import importlib.util
 import json
 import os
 import re
@@ -170,6 +171,49 @@ def test_apply_never_writes_through_a_hard_link(tmp_path):
     assert cache_copy.read_text() == ORIGINAL
 
 
+def test_applied_code_runs_even_where_bytecode_is_not_checked_against_its_source(tmp_path):
+    # a throwaway environment gets the cell's bytecode linked in (envs.link_bytecode); bytecode
+    # compiled as "unchecked" would run the old code of a patched file: apply removes it
+    import py_compile
+
+    code = ORIGINAL.replace("line ", "# line ")
+    diff = DIFF.replace(" line", " # line").replace("+inserted", "+PATCHED = True")
+    patch = patches.parse(write(tmp_path, HEAD + diff))
+    site = tree(tmp_path, code)
+    (site / "torch" / "__init__.py").write_text("")
+    for name in ("__init__.py", "m.py"):
+        source = str(site / "torch" / name)
+        py_compile.compile(source, cfile=importlib.util.cache_from_source(source),
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    patches.apply(patch, *patches.installed_root(site, patch))
+    assert (site / "torch" / "__pycache__").is_dir()  # the unchanged file's bytecode stays
+    assert list((site / "torch" / "__pycache__").glob("m.*.pyc")) == []
+    seen = subprocess.run([sys.executable, "-c", "import torch.m; print(getattr(torch.m, 'PATCHED', 0))"],
+                          cwd=site, capture_output=True, text=True)
+    assert seen.stdout.strip() == "True", seen.stderr
+
+
+def test_a_throwaway_environment_gets_the_cells_bytecode_linked_not_compiled(tmp_path):
+    from tools import envs
+
+    cell, other = tmp_path / "cell", tmp_path / "other"
+    for site in (cell, other):
+        (site / "pkg" / "sub").mkdir(parents=True)
+    (cell / "only_here").mkdir()
+    for rel in ("pkg/__init__.py", "pkg/sub/__init__.py", "only_here/__init__.py"):
+        (cell / rel).write_text("X = 1\n")
+        if (other / rel).parent.is_dir():
+            os.link(cell / rel, other / rel)  # as uv links both from its cache
+    import compileall
+
+    assert compileall.compile_dir(str(cell), quiet=1)
+    assert envs.link_bytecode(cell, other) == 2
+    for rel in ("pkg", "pkg/sub"):
+        (pyc,) = (cell / rel / "__pycache__").iterdir()
+        assert (other / rel / "__pycache__" / pyc.name).stat().st_ino == pyc.stat().st_ino
+    assert not (other / "only_here").exists()  # a package the other one does not have
+
+
 def test_lightning_paths_map_onto_either_installed_name(tmp_path):
     patch = patches.parse(write(tmp_path, HEAD.replace("X-Target: torch", "X-Target: lightning")
                                 + DIFF.replace("torch/m.py", "src/lightning/pytorch/m.py")))
@@ -205,6 +249,10 @@ def test_a_patch_that_also_changes_fabric_lands_in_both_packages(tmp_path):
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
+    import torch as torch_module
+
+    from tools import envs
+
     (patch,) = [p for p in patches.series() if p.target == "torch"]
     script, *args = patch.repro
     cmd = [str(ROOT / script), *args]
@@ -220,6 +268,7 @@ def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
     site = subprocess.run([str(venv / "bin" / "python"), "-c",
                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
+    envs.link_bytecode(Path(torch_module.__file__).parent.parent, Path(site))  # as validate_patches does
     root, level = patches.installed_root(Path(site), patch)
     assert patches.check(patch, root, level, patch.installable_diff()).state in ("applies", "drift")
     patches.apply(patch, root, level, patch.installable_diff())
@@ -1037,7 +1086,8 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
     flaky = "1/5 failed (1 tests: test_x): run 3: a child process died of SIGABRT"
     gates["flaky"] = {"ok": False, "text": flaky}
     monkeypatch.setattr(validate_patches, "upstream", lambda *a, **k: ("base: applies", gates))
-    monkeypatch.setattr(validate_patches, "patched_env", lambda args, folder, applied: Path(sys.executable))
+    monkeypatch.setattr(validate_patches, "patched_env",
+                        lambda args, folder, applied, like=None: Path(sys.executable))
     monkeypatch.setattr(validate_patches, "site_packages", lambda python: tmp_path / "site")
     monkeypatch.setattr(patches, "installed_root", lambda site, p: (site, 4))
     monkeypatch.setattr(patches, "check", lambda *a: patches.Check("applies"))

@@ -15,13 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive
+from conftest import alive, run_repro
+from filelock import FileLock
 
-from tools import cells, contract, harness, matrix, nodes, slurm_cluster, slurm_jobs, slurm_matrix
+from tools import cells, contract, matrix, nodes, slurm_cluster, slurm_jobs, slurm_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 FINETUNE = str(ROOT / "repro" / "backbone_finetuning_ddp.py")
-pytestmark = [pytest.mark.slurm, pytest.mark.ddp, pytest.mark.timeout(900)]
+# Every test here holds the cluster while it runs (a test may kill its controller). The ones that
+# run a multi-process DDP job are marked ``ddp`` too: they run in turn with every other DDP test;
+# the others only wait on SLURM, on a worker of their own (tests/conftest.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(autouse=True)
@@ -31,15 +35,24 @@ def cluster(monkeypatch):
                     "distribution's slurm packages needed)")
     if "SLURM_CONF" not in os.environ:
         monkeypatch.setenv("SLURM_CONF", slurm_cluster.env()["SLURM_CONF"])
+    slurm_cluster.HOME.mkdir(parents=True, exist_ok=True)
+    with FileLock(slurm_cluster.HOME / "tests.lock", timeout=900):  # filelock.Timeout: the test errors
+        yield
 
 
 def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int, str, str]:
-    out, err = tmp_path / "job.out", tmp_path / "job.err"
-    done = subprocess.run(["sbatch", "--wait", f"--output={out}", f"--error={err}", *options,
-                           "--wrap", command], capture_output=True, text=True, timeout=600)
-    return done.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+    """Submit ``command`` as a batch job and wait for the exit code it writes as it ends (as the
+    tools do: ``sbatch --wait`` looks at its job only after 2, 10, 42, ... s)."""
+    out, err, rc = tmp_path / "job.out", tmp_path / "job.err", tmp_path / "job.rc"
+    wrapped = f"rc={rc}\n{command}\n{slurm_jobs.RECORD_EXIT}"
+    done = subprocess.run(["sbatch", f"--output={out}", f"--error={err}", *options, "--wrap", wrapped],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    until(rc.exists, 600, "the job never ended")
+    return int(rc.read_text()), out.read_text(errors="replace"), err.read_text(errors="replace")
 
 
+@pytest.mark.ddp
 @pytest.mark.parametrize("control", [False, True], ids=["callback", "control"])
 def test_20340_under_srun_gives_the_torchrun_verdict(tmp_path, control):
     extra = " --no-callback" if control else ""
@@ -91,6 +104,7 @@ def prepare(m: matrix.Matrix, out: Path, python: str = sys.executable) -> None:
         slurm_matrix.add_cell(cell, python, out, opts, rest)
 
 
+@pytest.mark.ddp
 def test_the_matrix_as_a_job_array_gives_the_local_table(tmp_path, mini):
     local = tmp_path / "local"
     for cell in mini.cells:
@@ -292,11 +306,37 @@ def test_a_controller_outage_during_a_bisect_step_ends_the_wait_and_the_job_ends
         slurm_cluster.up(log=lambda _m: None)  # for the tests that follow
 
 
-def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(tmp_path):
+def test_a_step_whose_job_ends_without_its_exit_code_is_cannot_test_not_a_hang(tmp_path):
+    """The submitter watches for the exit code a job writes as it ends; a job cancelled by someone
+    else (an admin, a preemption) writes none: the controller's word ends the wait."""
+    pid_file = tmp_path / "step.pid"
+    cmd = [sys.executable, "-c", "import os, sys, time\n"
+           "tmp = sys.argv[1] + '.tmp'\n"
+           "open(tmp, 'w').write(str(os.getpid())); os.rename(tmp, sys.argv[1])\n"
+           "time.sleep(600)\n", str(pid_file)]
+    got: list = []
+    thread = threading.Thread(target=lambda: got.append(slurm_jobs.run(
+        cmd, timeout=600, log_stem=tmp_path / "step", signature=None, env=dict(os.environ),
+        opts=slurm_jobs.Options(time="20", ranks_per_node=1), log=lambda m: None)), daemon=True)
+    thread.start()
+    until(pid_file.exists, 120, "the job never ran")
+    mine = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True).stdout.split("\n")
+    (job,) = [line.split()[0] for line in mine if f" bisect-step-{os.getpid()}-" in line]
+    subprocess.run(["scancel", job], check=True)
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the step still waits on a job that was cancelled"
+    (r,) = got
+    assert (r.verdict, r.reason) == ("skip", f"slurm job {job} CANCELLED"), r.reason
+    assert not (tmp_path / "step.rc").exists()
+
+
+@pytest.mark.ddp
+def test_a_bisect_step_as_a_job_is_judged_as_a_local_run(runner, tmp_path):
     opts = slurm_jobs.Options(time="20")
     r = slurm_jobs.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "step",
                        signature=None, env=dict(os.environ), opts=opts, log=lambda m: None)
-    local = harness.run([sys.executable, FINETUNE, "--epochs", "4"], timeout=300, log_stem=tmp_path / "local")
+    # the local run: a fork of the session's preloaded runner (tests/test_equivalence.py)
+    local = run_repro(runner, Path(FINETUNE), "--epochs", "4", log_stem=tmp_path / "local", timeout=300)
     assert r.code == local.code == contract.BAD
     assert r.record["details"]["first_diverging_epoch"] == local.record["details"]["first_diverging_epoch"]
 

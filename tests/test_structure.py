@@ -65,9 +65,10 @@ def test_only_the_launcher_and_its_floors_start_runs():
     assert offenders == []
 
 
-def test_the_multi_process_tests_run_one_at_a_time_under_two_workers(tmp_path):
-    # `nox -s tests` runs two pytest-xdist workers: every test marked ddp or slurm must go to the
-    # same one (tests/conftest.py puts them in one group; pytest 9 broke that silently)
+def test_the_multi_process_tests_run_one_at_a_time_and_the_slurm_waits_on_another_worker(tmp_path):
+    # `nox -s tests` runs three pytest-xdist workers: every test marked ddp (SLURM ones included)
+    # must go to one of them, every SLURM test that runs no DDP job to one other, and the plain
+    # tests may go anywhere (tests/conftest.py groups them; pytest 9 broke that silently)
     import os
     import subprocess
     import sys
@@ -82,13 +83,18 @@ def test_the_multi_process_tests_run_one_at_a_time_under_two_workers(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    ddp: x\n    slurm: x\n")
     (tmp_path / "test_jobs.py").write_text(
         "import os, pathlib, pytest\n"
+        f"def mark(name):\n    pathlib.Path({str(tmp_path)!r}, name)"
+        ".write_text(os.environ['PYTEST_XDIST_WORKER'])\n"
         "@pytest.mark.ddp\n@pytest.mark.parametrize('i', range(4))\n"
-        "def test_job(i, tmp_path_factory):\n"
-        f"    pathlib.Path({str(tmp_path)!r}, f'job{{i}}').write_text(os.environ['PYTEST_XDIST_WORKER'])\n"
-        "@pytest.mark.parametrize('i', range(4))\ndef test_other(i):\n    pass\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup",
+        "def test_job(i):\n    mark(f'job{i}')\n"
+        "@pytest.mark.ddp\n@pytest.mark.slurm\ndef test_slurm_job():\n    mark('job4')\n"
+        "@pytest.mark.slurm\n@pytest.mark.parametrize('i', range(3))\n"
+        "def test_wait(i):\n    mark(f'wait{i}')\n"
+        "@pytest.mark.parametrize('i', range(6))\ndef test_other(i):\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadgroup",
                            "-p", "no:cacheprovider", str(tmp_path)], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    workers = {(tmp_path / f"job{i}").read_text() for i in range(4)}
-    assert len(workers) == 1, workers
+    jobs = {(tmp_path / f"job{i}").read_text() for i in range(5)}
+    waits = {(tmp_path / f"wait{i}").read_text() for i in range(3)}
+    assert len(jobs) == 1 and len(waits) == 1 and jobs != waits, (jobs, waits)
