@@ -297,21 +297,40 @@ def patched_copy(folder: Path, applied: list) -> Path:
     return folder
 
 
-def run_repro(patch, pythonpath: Path, log_stem: Path, runner=None):
-    """The patch's repro with ``pythonpath`` first: a new interpreter, or a fork of ``runner``
-    (a preloaded runner started with that PYTHONPATH: Lightning imported once for its runs)."""
+def run_repro(patch, runner: Runner, log_stem: Path):
+    """The patch's repro as a fork of ``runner`` (judged as a new interpreter's run would be:
+    tests/test_equivalence.py)."""
     script, *args = patch.repro
-    if runner:
-        return runner.run({"argv": [str(ROOT / script), *args], "timeout": 600, "log_stem": str(log_stem),
-                           "signature": None})
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    return harness.run([sys.executable, str(ROOT / script), *args], timeout=600, env=env, log_stem=log_stem)
+    return runner.run({"argv": [str(ROOT / script), *args], "timeout": 600, "log_stem": str(log_stem),
+                       "signature": None})
+
+
+@pytest.fixture(scope="session")
+def on_series(tmp_path_factory):
+    """``on_series(applied)``: a preloaded runner whose PYTHONPATH starts with a copy of the
+    installed pytorch_lightning with ``applied`` patched in; made on first use and kept for the
+    session, since the series' prefixes repeat (patch k's "before" is patch k-1's "after"): each
+    patched copy is imported once."""
+    made: dict[tuple[str, ...], Runner] = {}
+
+    def get(applied: list) -> Runner:
+        key = tuple(p.name for p in applied)
+        if key not in made:
+            folder = patched_copy(tmp_path_factory.mktemp("series"), applied)
+            made[key] = Runner(sys.executable, env={**os.environ, "PYTHONPATH": str(folder)},
+                               stderr=folder / "runner.stderr")
+        return made[key]
+
+    yield get
+    for runner in made.values():
+        runner.close()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", LIGHTNING_PATCHES)
-def test_lightning_patch_on_top_of_the_series_fixes_its_bug_and_keeps_the_earlier_fixes(tmp_path, name):
+def test_lightning_patch_on_top_of_the_series_fixes_its_bug_and_keeps_the_earlier_fixes(on_series, tmp_path,
+                                                                                        name):
     """Patches 1..k-1 applied: patch k's repro is bad; with patch k too, it is good, and the
     repros of the earlier patches still give their fixed verdict (patch 1 + 2: the #20340 repro
     stays in sync and the re-wrap scenario of the stress test gives the clear error)."""
@@ -321,19 +340,15 @@ def test_lightning_patch_on_top_of_the_series_fixes_its_bug_and_keeps_the_earlie
     cells = {c.id: c for c in matrix.load().cells}
     if metadata.version("pytorch_lightning") not in {cells[c].lightning for c in patch.cells}:
         pytest.skip(f"the installed Lightning is not a cell of {name}")
-    before = run_repro(patch, patched_copy(tmp_path / "before", earlier), tmp_path / "before")
+    before = run_repro(patch, on_series(earlier), tmp_path / "before")
     assert before.verdict == patch.headers["X-Expect-Before"], before.reason
-    after_path = patched_copy(tmp_path / "after", [*earlier, patch])
-    # the runs on the patched copy: forks of one runner that imported it (tests/test_equivalence.py:
-    # a fork gives a new interpreter's verdict; the "before" run above is a new interpreter)
-    env = {**os.environ, "PYTHONPATH": str(after_path)}
-    with Runner(sys.executable, env=env, stderr=tmp_path / "runner.stderr") as runner:
-        after = run_repro(patch, after_path, tmp_path / "after", runner)
-        assert after.verdict == patch.headers["X-Expect-After"], after.reason
-        assert runner.forked, (tmp_path / "runner.stderr").read_text()  # the copy imported
-        for e in earlier:
-            still = run_repro(e, after_path, tmp_path / f"after-{e.path.stem}", runner)
-            assert still.verdict == e.headers["X-Expect-After"], (e.name, still.reason)
+    runner = on_series([*earlier, patch])
+    after = run_repro(patch, runner, tmp_path / "after")
+    assert after.verdict == patch.headers["X-Expect-After"], after.reason
+    assert runner.forked, runner.stderr.read_text()  # the copy imported
+    for e in earlier:
+        still = run_repro(e, runner, tmp_path / f"after-{e.path.stem}")
+        assert still.verdict == e.headers["X-Expect-After"], (e.name, still.reason)
     mine = Path(metadata.distribution("pytorch_lightning").locate_file("pytorch_lightning/strategies/ddp.py"))
     assert "_rewrap_if_trainable_changed" not in mine.read_text()  # the installed Lightning is untouched
 
