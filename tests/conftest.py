@@ -22,9 +22,17 @@ def load_repro(name: str):
     return module
 
 
+# DDP tests that keep both cores busy for a minute or more: run last, once the single-process
+# tests on the other workers are done (beside them they took a third longer)
+BUSIEST_LAST = ("tests/test_minimize.py::", "tests/test_equivalence.py::")
+
+
 def pytest_collection_modifyitems(config, items):
     # Integration tests run real two-rank jobs: keep them last and one at a time.
-    items.sort(key=lambda item: item.get_closest_marker("ddp") is not None)
+    def ddp(item):
+        return item.get_closest_marker("ddp") is not None
+
+    items.sort(key=lambda item: (ddp(item), ddp(item) and item.nodeid.startswith(BUSIEST_LAST)))
 
 
 DDP_GROUP = "one-multi-process-job-at-a-time"
