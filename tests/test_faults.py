@@ -374,3 +374,20 @@ def test_nox_repro_with_a_results_folder_that_cannot_be_made_is_one_line_and_exi
     monkeypatch.setattr(results, "_MADE", {})
     with pytest.raises(contract.BadInput, match="the results folder .*file/repro: cannot write there"):
         cells.open_results()
+
+
+def test_a_slurm_tasks_exit_code_is_its_own_job_s_never_a_late_writer_s(tmp_path):
+    """A task's shell writes "<job id> <exit code>" as it ends (tools/slurm_jobs.py); a job left
+    behind by an earlier wait on the same log path, writing late, must not end a new wait."""
+    from tools import slurm_jobs
+
+    mark = tmp_path / "step.rc"
+    script = f"{slurm_jobs.NOTE_JOB}rc={mark}\nsh -c 'exit 3'\n{slurm_jobs.RECORD_EXIT}"
+    done = subprocess.run(["sh", "-c", script], env={**os.environ, "SLURM_JOB_ID": "41"}, timeout=30)
+    assert done.returncode == 3  # the job's own exit code is the command's
+    assert mark.read_text() == "41 3\n" and not (tmp_path / "step.rc.tmp").exists()
+    assert slurm_jobs._exit_code(mark, "41") == 3
+    assert slurm_jobs._exit_code(mark, "42") is None  # another job's file
+    array = {**os.environ, "SLURM_JOB_ID": "57", "SLURM_ARRAY_JOB_ID": "50", "SLURM_ARRAY_TASK_ID": "7"}
+    subprocess.run(["sh", "-c", script.replace("exit 3", "exit 0")], env=array, timeout=30)
+    assert slurm_jobs._exit_code(mark, "50") == 0  # an array task writes its array's id

@@ -561,7 +561,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "minimize"
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
 def test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused(tmp_path):
-    """The #20706 fixture on real torch and Lightning (two ranks, DataLoader workers, two stages),
+    """The #20706 fixture on real torch and Lightning (two ranks, two stages, a hydra-style config),
     candidates as forks of the preloaded runner, for a budget of a few launches (it ends at the
     same point on any machine, however busy): what it reached still shows the signature, raised
     in torch's DDP backward, in a fresh run."""

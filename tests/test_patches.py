@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -210,7 +211,12 @@ def test_a_throwaway_environment_gets_the_cells_bytecode_linked_not_compiled(tmp
     assert envs.link_bytecode(cell, other) == 2
     for rel in ("pkg", "pkg/sub"):
         (pyc,) = (cell / rel / "__pycache__").iterdir()
-        assert (other / rel / "__pycache__" / pyc.name).stat().st_ino == pyc.stat().st_ino
+        linked = other / rel / "__pycache__" / pyc.name
+        assert linked.stat().st_ino == pyc.stat().st_ino
+        # valid there: Python takes bytecode whose recorded source time and size are the source's
+        flags, mtime, size = struct.unpack("<III", linked.read_bytes()[4:16])
+        source = (other / rel / "__init__.py").stat()
+        assert (flags, mtime, size) == (0, int(source.st_mtime) & 0xFFFFFFFF, source.st_size)
     assert not (other / "only_here").exists()  # a package the other one does not have
 
 
@@ -308,14 +314,16 @@ def run_repro(patch, runner: Runner, log_stem: Path):
 @pytest.fixture(scope="session")
 def on_series(tmp_path_factory):
     """``on_series(applied)``: a preloaded runner whose PYTHONPATH starts with a copy of the
-    installed pytorch_lightning with ``applied`` patched in; made on first use and kept for the
-    session, since the series' prefixes repeat (patch k's "before" is patch k-1's "after"): each
-    patched copy is imported once."""
+    installed pytorch_lightning with ``applied`` patched in; made on first use and kept while a
+    later test may need it, since the series' prefixes repeat (patch k's "before" is patch k-1's
+    "after"): each patched copy is imported once."""
     made: dict[tuple[str, ...], Runner] = {}
 
     def get(applied: list) -> Runner:
         key = tuple(p.name for p in applied)
         if key not in made:
+            for shorter in [k for k in made if len(k) < len(key) - 1]:  # no later test needs it
+                made.pop(shorter).close()
             folder = patched_copy(tmp_path_factory.mktemp("series"), applied)
             made[key] = Runner(sys.executable, env={**os.environ, "PYTHONPATH": str(folder)},
                                stderr=folder / "runner.stderr")

@@ -4,6 +4,7 @@ these tests skip with the reason."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,26 +31,36 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 @pytest.fixture(autouse=True)
 def cluster(monkeypatch):
-    if "SLURM_CONF" not in os.environ and not slurm_cluster.is_up():
-        pytest.skip("no SLURM cluster: start the local one with `nox -s slurm_up` (root and the "
-                    "distribution's slurm packages needed)")
-    if "SLURM_CONF" not in os.environ:
-        monkeypatch.setenv("SLURM_CONF", slurm_cluster.env()["SLURM_CONF"])
+    # the lock first: a test on another worker may have the controller down until it releases it
     slurm_cluster.HOME.mkdir(parents=True, exist_ok=True)
     with FileLock(slurm_cluster.HOME / "tests.lock", timeout=900):  # filelock.Timeout: the test errors
+        if "SLURM_CONF" not in os.environ and not slurm_cluster.is_up():
+            pytest.skip("no SLURM cluster: start the local one with `nox -s slurm_up` (root and the "
+                        "distribution's slurm packages needed)")
+        if "SLURM_CONF" not in os.environ:
+            monkeypatch.setenv("SLURM_CONF", slurm_cluster.env()["SLURM_CONF"])
         yield
 
 
-def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int, str, str]:
-    """Submit ``command`` as a batch job and wait for the exit code it writes as it ends (as the
-    tools do: ``sbatch --wait`` looks at its job only after 2, 10, 42, ... s)."""
+def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int | None, str, str]:
+    """Submit ``command`` as a batch job and wait for the exit code it writes as it ends, or for
+    SLURM to say it ended without (as the tools do: ``sbatch --wait`` looks at its job only after
+    2, 10, 42, ... s)."""
     out, err, rc = tmp_path / "job.out", tmp_path / "job.err", tmp_path / "job.rc"
-    wrapped = f"rc={rc}\n{command}\n{slurm_jobs.RECORD_EXIT}"
-    done = subprocess.run(["sbatch", f"--output={out}", f"--error={err}", *options, "--wrap", wrapped],
-                          capture_output=True, text=True, timeout=60)
+    wrapped = f"{slurm_jobs.NOTE_JOB}rc={rc}\n{command}\n{slurm_jobs.RECORD_EXIT}"
+    done = subprocess.run(["sbatch", "--parsable", f"--output={out}", f"--error={err}", *options,
+                           "--wrap", wrapped], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    until(rc.exists, 600, "the job never ended")
-    return int(rc.read_text()), out.read_text(errors="replace"), err.read_text(errors="replace")
+    job = done.stdout.strip().split(";")[0]
+
+    def ended():
+        states, gone = slurm_jobs._task_states(job, array=False)
+        return rc.exists() or gone or (states or {}).get(0) in slurm_jobs.ENDED
+
+    until(ended, 600, "the job never ended")
+    with contextlib.suppress(AssertionError):  # ended without one: cancelled, timed out
+        until(rc.exists, 5, "the exit code")
+    return slurm_jobs._exit_code(rc, job), out.read_text(errors="replace"), err.read_text(errors="replace")
 
 
 @pytest.mark.ddp
@@ -263,9 +274,9 @@ def test_slurm_down_after_an_outage_also_stops_what_the_jobs_run(tmp_path):
 
 def test_a_controller_outage_during_a_bisect_step_ends_the_wait_and_the_job_ends_itself(
         tmp_path, monkeypatch):
-    """``sbatch --wait`` waits for a dead controller without end: the step asks the controller
-    itself, raises ``Outage`` (a harness failure: exit 128, no verdict), and the job, which
-    nobody can cancel now, ends itself once the heartbeat stops."""
+    """A step waits on its job asking the controller: a dead one ends the wait with ``Outage`` (a
+    harness failure: exit 128, no verdict; ``sbatch --wait`` would wait without end), and the job,
+    which nobody can cancel now, ends itself once the heartbeat stops."""
     monkeypatch.setattr(slurm_jobs, "OUTAGE", 8.0)
     monkeypatch.setattr(slurm_jobs, "STALE", 12.0)
     pid_file = tmp_path / "step.pid"
@@ -328,6 +339,16 @@ def test_a_step_whose_job_ends_without_its_exit_code_is_cannot_test_not_a_hang(t
     (r,) = got
     assert (r.verdict, r.reason) == ("skip", f"slurm job {job} CANCELLED"), r.reason
     assert not (tmp_path / "step.rc").exists()
+
+
+def test_an_exit_code_the_file_system_does_not_show_yet_is_taken_from_slurm(tmp_path, monkeypatch):
+    """On a shared file system the submitter may not see a job's exit-code file for a while after
+    SLURM says the job ended (an NFS client's caches): the code is then SLURM's record of it."""
+    monkeypatch.setattr(slurm_jobs, "_exit_code", lambda mark, job: None)  # the file never shows
+    r = slurm_jobs.run([sys.executable, "-c", "print('marker: bug'); raise SystemExit(1)"], timeout=60,
+                       log_stem=tmp_path / "step", signature="marker: bug", env=dict(os.environ),
+                       opts=slurm_jobs.Options(time="10", ranks_per_node=1), log=lambda m: None)
+    assert (r.code, r.verdict, r.returncode) == (contract.BAD, "bad", 1), r.reason
 
 
 @pytest.mark.ddp

@@ -47,10 +47,11 @@ def uv_env() -> dict[str, str]:
 
 def link_bytecode(source: Path, site: Path) -> int:
     """Hard-link (or copy) the compiled bytecode of ``source`` (a site-packages folder) into
-    ``site``, another one installed from the same requirements without compiling: the same
-    files from uv's cache, so the bytecode is valid there too (Python checks each file against
-    its source's time and size, and compiles the source again where they differ). Compiling
-    torch and Lightning again costs about 10 s of CPU; this, well under one. How many folders."""
+    ``site``, another one installed from the same requirements without compiling. Where uv
+    linked the same files from its cache into both (its default on one file system), the
+    bytecode is valid there too; elsewhere Python finds it does not match its source's time and
+    size, and compiles that source again, as it would have. Compiling torch and Lightning again
+    costs about 10 s of CPU; this, well under one. How many folders."""
     linked = 0
     for cache in source.rglob("__pycache__"):
         target = site / cache.relative_to(source)

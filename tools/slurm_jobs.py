@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import getpass
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -117,12 +118,13 @@ class Outage(contract.HarnessFailure):
     """The SLURM controller stopped answering (exit 128: no verdict; the rows so far are kept)."""
 
 
-def _slurm(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def _slurm(cmd: list[str], check: bool = True, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env(),
-                              timeout=CALL_TIMEOUT)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=slurm_env(), timeout=timeout)
     except subprocess.TimeoutExpired:
-        done = subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]}: no answer in {CALL_TIMEOUT:g} s")
+        done = subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]}: no answer in {timeout:g} s")
+    except OSError as err:  # the command is not there
+        done = subprocess.CompletedProcess(cmd, 127, "", f"{cmd[0]}: {err.strerror}")
     if check and done.returncode:
         last = (done.stderr.strip().splitlines() or ["failed"])[-1]
         raise BadInput(f"{cmd[0]}: {last.removeprefix(f'{cmd[0]}: ').removeprefix('error: ')}")
@@ -204,7 +206,7 @@ def states(job: str) -> dict[int, str] | None:
     """Array index -> state, from squeue (pending, running, recently ended) then sacct; None
     when squeue itself could not answer (no information: not "gone")."""
     found: dict[int, str] = {}
-    q = _slurm(["squeue", "-h", "-r", "-t", "all", "-j", job, "-o", "%K %T"], check=False)
+    q = _slurm(["squeue", "-a", "-h", "-r", "-t", "all", "-j", job, "-o", "%K %T"], check=False)
     if q.returncode and "Invalid job id" not in q.stderr:
         return None
     for line in q.stdout.splitlines():
@@ -222,7 +224,7 @@ def states(job: str) -> dict[int, str] | None:
 
 def job_state(job: str) -> str | None:
     """The state of a job that is not an array (squeue, then sacct), or None."""
-    q = _slurm(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
+    q = _slurm(["squeue", "-a", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
     if q.stdout.strip():
         return q.stdout.split()[0]
     acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], check=False)
@@ -241,81 +243,129 @@ def _exports(env: dict | None, indent: str = "") -> str:
                    if k in ("PATH", "PYTHONPATH", "UV_FIND_LINKS") or k.startswith(("REPRO_", "WORKSPACE_")))
 
 
-def _task_states(job: str, array: bool) -> dict[int, str] | None:
-    """``states`` for an array; for a plain job, ``{0: state}`` (``{}`` once SLURM forgot it)."""
-    if array:
-        return states(job)
-    q = _slurm(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
-    if q.returncode and "Invalid job id" not in q.stderr:
-        return None
-    return {0: q.stdout.split()[0]} if q.stdout.split() else {}
+def _task_states(job: str, array: bool) -> tuple[dict[int, str] | None, bool]:
+    """(index -> state, gone) from ``squeue``, for each task of an array or ``{0: state}`` for a
+    plain job: None when the controller did not answer; ``gone`` when SLURM no longer knows the
+    job (its records expired). A task the answer leaves out (a filter, a hidden partition) is
+    not taken for ended."""
+    form = ["-r", "-o", "%K %T"] if array else ["-o", "%T"]
+    q = _slurm(["squeue", "-a", "-h", "-t", "all", "-j", job, *form], check=False)
+    if q.returncode:
+        return (None, False) if "Invalid job id" not in q.stderr else ({}, True)
+    found: dict[int, str] = {}
+    for line in q.stdout.splitlines():
+        parts = line.split()
+        if array and len(parts) == 2 and parts[0].isdigit():
+            found[int(parts[0])] = parts[1]
+        elif not array and parts:
+            found[0] = parts[0]
+    return found, False
 
 
+SUBMIT_TIMEOUT = 120.0  # sbatch against a busy controller (the job may be queued all the same)
 END_GRACE = 30.0  # after every task wrote its exit code, how long the controller may take to say so
+MARK_GRACE = 3.0  # after the controller says a task ended, how long its exit code may take to show
 
 
-def _submit_and_wait(sbatch: list[str], name: str, beat: Path, marks: list[Path],
-                     array: bool = False) -> tuple[str, str, dict[int, str], float]:
+def _submit_and_wait(sbatch: list[str], name: str, beat: Path, marks: list[Path], array: bool = False,
+                     ) -> tuple[str, str, dict[int, str], list[int | None], float]:
     """Submit ``sbatch`` (``--parsable``) under a heartbeat and wait until its job (each task of
-    an array) has ended: (job id, sbatch's stderr, index -> state, seconds); no job id if sbatch
-    failed. Not ``sbatch --wait``: it looks at its job after 2, 10, 42, ... s (on the local
-    cluster a job of 1 s took 10 s to be seen ended, and one of 12 s would take 42 s). Each task
-    writes its exit code to its file in ``marks`` as it ends (on the shared file system), watched
-    here every 0.2 s; the controller is asked every ``PROBE`` s, which also finds a task that
-    ended without writing it (cancelled, timed out, its node lost). Ctrl-C, SIGTERM or
-    ``harness.ABORT`` (a parallel round stopped) cancel the job by its name; a controller that has
-    not answered for ``OUTAGE`` seconds raises ``Outage``, the heartbeat stops, and the job, which
+    an array) has ended: (job id, sbatch's stderr, index -> state, each task's exit code or None,
+    seconds); no job id if sbatch failed. Not ``sbatch --wait``: it looks at its job after 2, 10,
+    42, ... s (on the local cluster a job of 1 s took 10 s to be seen ended, and one of 12 s
+    42 s). Each task writes its job's id and its exit code to its file in ``marks`` as it ends
+    (``NOTE_JOB`` and ``RECORD_EXIT``, on the shared file system), watched here every 0.2 s; the
+    controller is asked every ``PROBE`` s, which also finds a task that ended without writing it
+    (cancelled, timed out, its node lost), and then once a second until it agrees that the tasks
+    that wrote theirs have ended (``END_GRACE`` at most). A code the file system has not shown
+    yet is asked of SLURM (``scontrol``). Ctrl-C, SIGTERM or ``harness.ABORT`` (a parallel round
+    stopped) cancel the job by its name, even while sbatch runs; a controller that has not
+    answered for ``OUTAGE`` seconds raises ``Outage``, the heartbeat stops, and the job, which
     nobody can cancel now, ends itself (``guard``)."""
     started = time.monotonic()
     for mark in marks:
         mark.unlink(missing_ok=True)
     with heartbeat(beat):
-        done = _slurm(sbatch, check=False)
-        job = done.stdout.strip().split(";")[0]
-        if done.returncode or not job:
-            return "", done.stderr, {}, round(time.monotonic() - started, 2)
-        found: dict[int, str] = {}
-        answered = asked = time.monotonic()
-        marked_at = None
         try:
+            done = _slurm(sbatch, check=False, timeout=SUBMIT_TIMEOUT)
+            job = done.stdout.strip().split(";")[0] if done.returncode == 0 else ""
+            if not job:
+                return "", done.stderr, {}, [], round(time.monotonic() - started, 2)
+            found: dict[int, str] = {}
+            answered = asked = time.monotonic()
+            marked_at = None
             while True:
                 if harness.ABORT.is_set():
                     raise KeyboardInterrupt
-                if marked_at is None and all(m.exists() for m in marks):
+                if marked_at is None and all(_exit_code(m, job) is not None for m in marks):
                     marked_at = time.monotonic()
-                if marked_at is not None or time.monotonic() - asked >= PROBE:
+                if time.monotonic() - asked >= (PROBE if marked_at is None else 1.0):
                     asked = time.monotonic()
-                    now = _task_states(job, array)
+                    now, gone = _task_states(job, array)
                     if now is None:  # no answer since `answered`, as of now (a call may hang long)
-                        if time.monotonic() - answered > OUTAGE:
+                        if marked_at is None and time.monotonic() - answered > OUTAGE:
                             raise Outage(f"the SLURM controller has not answered for "
                                          f"{time.monotonic() - answered:.0f} s (squeue -j {job}): no "
                                          f"verdict; the job ends itself within {STALE:g} s")
                     else:
-                        answered, found = asked, now
-                        if not now or (len(now) >= len(marks) and all(v in ENDED for v in now.values())):
-                            break  # ended (or long forgotten by SLURM)
-                    if marked_at is not None and time.monotonic() - marked_at > END_GRACE:
-                        break  # every task said it ended: the controller is slow to agree
+                        answered, found = time.monotonic(), now
+                        if gone or (len(now) >= len(marks) and all(v in ENDED for v in now.values())):
+                            break
+                if marked_at is not None and time.monotonic() - marked_at > END_GRACE:
+                    break  # every task said it ended: the controller is slow to agree
                 time.sleep(0.2)
+            codes = _exit_codes(job, marks, found, array)
         except BaseException as err:  # the job goes too
             if not isinstance(err, Outage):  # nobody to ask: the guard ends it
                 _slurm(["scancel", f"--name={name}", f"--user={getpass.getuser()}"], check=False)
             raise
-    return job, done.stderr, found, round(time.monotonic() - started, 2)
+    return job, done.stderr, found, codes, round(time.monotonic() - started, 2)
 
 
-def _exit_code(mark: Path) -> int | None:
-    """The exit code a task wrote as it ended, None if it wrote none (cancelled, timed out)."""
+def _exit_codes(job: str, marks: list[Path], found: dict[int, str], array: bool) -> list[int | None]:
+    """Each task's exit code: from its file, else (a task that ended on its own, whose file the
+    shared file system does not show yet) from SLURM's record of it; None for a task that wrote
+    none (cancelled, timed out)."""
+    codes = [_exit_code(m, job) for m in marks]
+    waiting = [i for i, c in enumerate(codes) if c is None and found.get(i) in ("COMPLETED", "FAILED")]
+    deadline = time.monotonic() + MARK_GRACE
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.2)
+        for i in list(waiting):
+            os.listdir(marks[i].parent)  # a fresh look at the folder (NFS caches a missing name)
+            codes[i] = _exit_code(marks[i], job)
+            if codes[i] is not None:
+                waiting.remove(i)
+    for i in waiting:
+        codes[i] = _recorded_exit_code(f"{job}_{i}" if array else job)
+    return codes
+
+
+def _exit_code(mark: Path, job: str) -> int | None:
+    """The exit code this job's task wrote as it ended; None if it wrote none (cancelled, timed
+    out) or the file is another job's (one left behind by an earlier wait, writing late)."""
     try:
-        return int(mark.read_text().strip())
+        written, code = mark.read_text().split()
+        return int(code) if written == job else None
     except (OSError, ValueError):
         return None
 
 
-# a task's shell runs its command, then writes the command's exit code to "$rc" (atomically: the
-# submitter watches for it) and exits with it
-RECORD_EXIT = 'code=$?\necho "$code" >"$rc.tmp" && mv "$rc.tmp" "$rc"\nexit "$code"\n'
+def _recorded_exit_code(ref: str) -> int | None:
+    """The exit code SLURM recorded for a job (``123``) or an array task (``123_4``) that ended."""
+    shown = _slurm(["scontrol", "show", "job", "-o", ref], check=False).stdout
+    found = re.search(r"\bExitCode=(\d+):(\d+)", shown)
+    if not found:
+        return None
+    code, sig = int(found.group(1)), int(found.group(2))
+    return 128 + sig if sig else code
+
+
+# a task's shell notes its job's id (before SCRUB drops the SLURM_* variables), runs its command,
+# then writes "<job id> <exit code>" to "$rc" (atomically: the submitter watches for it) and exits
+# with that code
+NOTE_JOB = 'job="${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"\n'
+RECORD_EXIT = 'code=$?\necho "$job $code" >"$rc.tmp" && mv "$rc.tmp" "$rc"\nexit "$code"\n'
 
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signature: str | None,
@@ -332,18 +382,18 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None, signatur
     name = f"bisect-step-{os.getpid()}-{time.time_ns()}"
     script, mark = Path(f"{stem}.sh"), Path(f"{stem}.rc")
     guarded = [sys.executable, *guard_command(Path(f"{stem}.heartbeat")), *cmd]
-    results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{_exports(env)}{SCRUB}"
+    results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n{_exports(env)}{NOTE_JOB}{SCRUB}"
                          f"rc={shlex.quote(str(mark))}\n{' '.join(shlex.quote(c) for c in guarded)}\n"
                          f"{RECORD_EXIT}")
     sbatch = ["sbatch", "--parsable", f"--job-name={name}", f"--output={out_path}",
               f"--error={err_path}", *opts.sbatch_args(), f"--time={max(1, int(timeout // 60) + 1)}",
               str(script)]
-    job, stderr, found, seconds = _submit_and_wait(sbatch, name, Path(f"{stem}.heartbeat"), [mark])
+    job, stderr, found, codes, seconds = _submit_and_wait(sbatch, name, Path(f"{stem}.heartbeat"), [mark])
     if not job:
         return harness.RunResult(contract.FAIL, "error", f"sbatch failed: {stderr.strip()[-200:]}",
                                  seconds, None)
     state = found.get(0) or job_state(job) or "UNKNOWN"
-    return _judged(f"job {job}", state, _exit_code(mark), out_path, err_path, timeout, signature,
+    return _judged(f"job {job}", state, codes[0], out_path, err_path, timeout, signature,
                    seconds, log)
 
 
@@ -459,7 +509,7 @@ class ArrayRound:
             cases.append(f"{i})\n{_exports(task.env, '  ')}  set -- {command}\n  {files} ;;\n")
         script = Path(f"{base}.sh")
         results.write_atomic(script, f"#!/bin/sh\ncd {shlex.quote(str(ROOT))}\n"
-                             f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{SCRUB}"
+                             f"case \"$SLURM_ARRAY_TASK_ID\" in\n{''.join(cases)}esac\n{NOTE_JOB}{SCRUB}"
                              f'"$@" >"$out" 2>"$err"\n{RECORD_EXIT}')
         marks = [Path(f"{task.stem}.rc") for task in batch]
         name = f"bisect-round-{os.getpid()}-{time.time_ns()}"
@@ -467,14 +517,13 @@ class ArrayRound:
         sbatch = ["sbatch", "--parsable", f"--array=0-{len(batch) - 1}", f"--job-name={name}",
                   f"--output={base}.%a.slurm", *self.opts.sbatch_args(),
                   f"--time={max(1, int(limit // 60) + 1)}", str(script)]
-        job, stderr, found, seconds = _submit_and_wait(sbatch, name, beat, marks, array=True)
+        job, stderr, found, codes, seconds = _submit_and_wait(sbatch, name, beat, marks, array=True)
         if not job:
             raise contract.HarnessFailure(f"sbatch --array failed: {stderr.strip()[-200:]}")
         self.arrays.append(job)
         self.log(f"[slurm] array job {job}: {len(batch)} task(s), one per probe of the round")
         outcomes = []
-        for i, (task, mark) in enumerate(zip(batch, marks, strict=True)):
-            code = _exit_code(mark)
+        for i, (task, code) in enumerate(zip(batch, codes, strict=True)):
             outcomes.append(_judged(f"job {job}_{i}", found.get(i, "UNKNOWN"), code,
                                     Path(f"{task.stem}.stdout"), Path(f"{task.stem}.stderr"), task.timeout,
                                     task.signature, seconds, self.log))
