@@ -392,6 +392,23 @@ WAIT_FOR_GO = """def main():
 """
 
 
+def test_an_interrupt_while_a_candidates_folder_is_made_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """The interrupt comes after the script is written into the run's folder, before its local
+    module is (seen once in a fresh-clone run of the signal test below: a folder was left)."""
+    script = project(tmp_path)
+    out = tmp_path / "out"
+    write_text = Path.write_text
+
+    def interrupted(path, *args, **kwargs):
+        if path.name == "engine.py" and (out / "work") in path.parents:
+            raise KeyboardInterrupt
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", interrupted)
+    assert m.main(quick(script, out)) == 130
+    assert (out / "work").is_dir() and not any((out / "work").iterdir())
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_path, sig):
     # once a first improvement is saved, every candidate that follows waits (until its time limit)

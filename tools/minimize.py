@@ -673,21 +673,6 @@ class Oracle:
         """Run the candidate once in a new folder (on the control with ``control``); its result
         and its output."""
         work = self.cfg.out / "work" / stem
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        folder = self.cfg.script.parent
-        for entry in folder.iterdir():
-            if entry.name in self.original or entry.name == "__pycache__" \
-                    or self.cfg.out.is_relative_to(entry.absolute()):
-                continue
-            if entry.is_dir():  # a real folder of links: what a candidate writes stays in its own
-                shutil.copytree(entry, work / entry.name, symlinks=True, copy_function=os.symlink,
-                                ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                (work / entry.name).symlink_to(entry.absolute())
-        for name, source in files.items():
-            if source is not None:
-                (work / name).write_text(source)
         argv = [str(work / self.cfg.script.name), *self.cfg.args]
         log_stem = self.cfg.out / "runs" / stem
         signature = None if self.cfg.verdict_line else self.cfg.signature
@@ -696,7 +681,10 @@ class Oracle:
         # the candidates' limit comes from the original's runs as forks: a fresh run also starts
         # its interpreters (seconds per rank on a busy machine), so it gets the original's limit
         timeout = self.cfg.timeout if fresh and not self.cfg.fresh_process else self.timeout
-        try:  # a fresh run is never a fork (the confirmations, a candidate's own import)
+        try:  # the folder goes whenever an interrupt comes, while it is made included
+            shutil.rmtree(work, ignore_errors=True)
+            self.populate(work, files)
+            # a fresh run is never a fork (the confirmations, a candidate's own import)
             r = launcher.run(Run(tuple(argv), python, cwd=work, timeout=timeout,
                                  env=dict(self.cfg.control_env) if control else {},
                                  signature=signature, log_stem=log_stem, own=not fresh,
@@ -708,6 +696,22 @@ class Oracle:
         if r.code >= contract.FAIL and r.returncode is None:  # the runner itself failed, not the candidate
             raise HarnessFailure(f"run {stem}: {r.reason or f'exit {r.code}'}")
         return r, output
+
+    def populate(self, work: Path, files: dict[str, str | None]) -> None:
+        """``work`` made: links to what sits beside the script, and the candidate's files."""
+        work.mkdir(parents=True)
+        for entry in self.cfg.script.parent.iterdir():
+            if entry.name in self.original or entry.name == "__pycache__" \
+                    or self.cfg.out.is_relative_to(entry.absolute()):
+                continue
+            if entry.is_dir():  # a real folder of links: what a candidate writes stays in its own
+                shutil.copytree(entry, work / entry.name, symlinks=True, copy_function=os.symlink,
+                                ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                (work / entry.name).symlink_to(entry.absolute())
+        for name, source in files.items():
+            if source is not None:
+                (work / name).write_text(source)
 
     def judge(self, r: harness.RunResult, output: str, work_root: str) -> tuple[bool, str, bool]:
         """Interesting? why (the verdict's reason), and is that final (else not cached: a
@@ -764,11 +768,13 @@ class Oracle:
             sink.unlink(missing_ok=True)
         self.check_budget()
         instrumented = {n: instrument(s, sinks[n]) if s else None for n, s in files.items()}
-        r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=self.cfg.fresh_process)
-        self.stats.tests += 1
-        records = {n: read_records(sink) for n, sink in sinks.items()}
-        for sink in sinks.values():
-            sink.unlink(missing_ok=True)
+        try:
+            r, _ = self.launch(instrumented, f"values-{key[:12]}", fresh=self.cfg.fresh_process)
+            self.stats.tests += 1
+            records = {n: read_records(sink) for n, sink in sinks.items()}
+        finally:
+            for sink in sinks.values():
+                sink.unlink(missing_ok=True)
         if r.returncode is not None and r.returncode >= 0:  # ran to its own end: it comes again
             results.write_json(path, {**known, key: {n: {str(i): t for i, t in rec.items()}
                                                      for n, rec in records.items()}})
@@ -1379,7 +1385,12 @@ def reduce_into(cfg: Config, original: dict[str, str], started: float, log) -> i
                 "the same command resumes from it")
         raise
     finally:
-        oracle.close()
+        oracle.close()  # its runs have ended: nothing writes into the candidates' folders now
+        for left in (cfg.out / "work").glob("*"):  # what a launch cut short by a signal left
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
     seen = sum(ok for ok, *_ in confirmed)
     log(text)
     log(f"[minimize] {cfg.out / 'minimized.py'}: the signature in {seen}/{cfg.confirm} fresh runs"
