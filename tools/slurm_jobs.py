@@ -205,14 +205,9 @@ def guard(beat: Path, stale: float, cmd: list[str]) -> int:
 def states(job: str) -> dict[int, str] | None:
     """Array index -> state, from squeue (pending, running, recently ended) then sacct; None
     when squeue itself could not answer (no information: not "gone")."""
-    found: dict[int, str] = {}
-    q = _slurm(["squeue", "-a", "-h", "-r", "-t", "all", "-j", job, "-o", "%K %T"], check=False)
-    if q.returncode and "Invalid job id" not in q.stderr:
+    found, _ = _task_states(job, array=True)
+    if found is None:
         return None
-    for line in q.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit():
-            found[int(parts[0])] = parts[1]
     acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State"], check=False)
     for line in acct.stdout.splitlines():
         jid, _, state = line.partition("|")
@@ -224,9 +219,9 @@ def states(job: str) -> dict[int, str] | None:
 
 def job_state(job: str) -> str | None:
     """The state of a job that is not an array (squeue, then sacct), or None."""
-    q = _slurm(["squeue", "-a", "-h", "-t", "all", "-j", job, "-o", "%T"], check=False)
-    if q.stdout.strip():
-        return q.stdout.split()[0]
+    now, _ = _task_states(job, array=False)
+    if now:
+        return now[0]
     acct = _slurm(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], check=False)
     return acct.stdout.split()[0] if acct.stdout.split() else None
 
