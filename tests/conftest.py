@@ -25,7 +25,7 @@ def load_repro(name: str):
 # DDP tests that keep both cores busy for a minute or more: run last, once the single-process
 # tests on the other workers are done (beside them they took a third longer)
 BUSIEST_LAST = ("tests/test_minimize.py::test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused",
-                "tests/test_equivalence.py::test_fast_and_fresh_process_modes_give_the_same_verdicts")
+                "tests/test_equivalence.py::test_fast_and_fresh_process_modes_give_the_same_verdicts_on_the_multi")
 
 
 def pytest_collection_modifyitems(config, items):
