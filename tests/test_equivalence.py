@@ -19,7 +19,8 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def ranks(repro: matrix.Repro) -> bool:
-    """Whether the repro runs several ranks (every one that can run as several nodes does)."""
+    """Whether the repro runs several ranks: the matrix's multi-rank repros are the ones that say
+    how they run as several nodes (the one-process test checks that none of its repros ran ranks)."""
     return repro.multinode is not None
 
 
@@ -66,3 +67,6 @@ def test_fast_and_fresh_process_modes_give_the_same_verdicts_on_the_one_process_
     fresh, _ = run(tmp_path, python, fresh=True, several_ranks=False)
     assert len(fast["results"]) >= 7 and "20340" not in fast["results"]
     same_verdicts(fast, fresh)
+    for name, result in fresh["results"].items():  # a repro that ran ranks belongs to the other test
+        details = (result["record"] or {}).get("details") or {}
+        assert details.get("world_size", 1) == 1, (name, details)
