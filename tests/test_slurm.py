@@ -65,20 +65,21 @@ def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int | None
 
 @pytest.mark.ddp
 @pytest.mark.parametrize("control", [False, True], ids=["callback", "control"])
-def test_20340_under_srun_gives_the_torchrun_verdict(tmp_path, control):
-    extra = " --no-callback" if control else ""
+def test_20340_under_srun_gives_the_torchrun_verdict(runner, tmp_path, control):
+    extra = ["--no-callback"] if control else []
     rc, out, err = sbatch_wait(tmp_path, f"srun --kill-on-bad-exit=1 {sys.executable} {FINETUNE} "
-                               f"--epochs 4{extra}", "--nodes=1", "--ntasks-per-node=2")
+                               f"--epochs 4 {' '.join(extra)}", "--nodes=1", "--ntasks-per-node=2")
     j = contract.judge(rc, nodes.verdict_last(out), err)
     assert j.record is not None, err[-2000:]
     assert j.record["details"]["cluster_environment"] == "SLURMEnvironment"  # Lightning read srun's ranks
-    torchrun = nodes.run_job([sys.executable, FINETUNE, "--epochs", "4", *extra.split()], nodes=1,
-                             per_node=2, timeout=300, log_stem=tmp_path / "torchrun" / "run")
-    assert j.code == torchrun.code == (contract.GOOD if control else contract.BAD), \
-        (j.reason, torchrun.reason)
-    assert torchrun.record["details"]["cluster_environment"] == "TorchElasticEnvironment"
+    # the reference: ranks forked from the session's preloaded runner with the environment torchrun
+    # gives its workers (tests/test_equivalence.py: the verdicts of new interpreters)
+    local = run_repro(runner, Path(FINETUNE), "--epochs", "4", *extra, log_stem=tmp_path / "local",
+                      timeout=300)
+    assert j.code == local.code == (contract.GOOD if control else contract.BAD), (j.reason, local.reason)
+    assert local.record["details"]["cluster_environment"] == "TorchElasticEnvironment"
     assert j.record["details"].get("first_diverging_epoch") == \
-        torchrun.record["details"].get("first_diverging_epoch")
+        local.record["details"].get("first_diverging_epoch")
 
 
 MINI = textwrap.dedent('''
