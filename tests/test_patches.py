@@ -1130,6 +1130,40 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
     assert row["upstream_tests"] == "upstream tests fine"
 
 
+FLAKY_EXIT = """import os, signal, sys
+from pathlib import Path
+count = Path(sys.argv[0]).with_suffix(".count")
+n = int(count.read_text()) + 1 if count.exists() else 1
+count.write_text(str(n))
+print("run", n, flush=True)
+if n <= int(os.environ["DIE_RUNS"]):
+    os.kill(os.getpid(), signal.SIGSEGV if n % 2 else signal.SIGABRT)  # after its work, as it exits
+sys.exit(int(os.environ["THEN"]))
+"""
+
+
+@pytest.mark.parametrize("die, then, want", [(1, 0, ("good", 2)), (2, 0, ("good", 3)), (5, 0, ("skip", 3)),
+                                             (0, 1, ("skip", 1)), (0, 0, ("good", 1))])
+def test_a_users_script_that_dies_of_a_signal_is_run_again_and_an_error_is_not(tmp_path, monkeypatch, die,
+                                                                                then, want):
+    """A run killed by a signal of its own (as torch 2.13 + gloo now and then aborts at exit) is
+    made again, at most ``TRIES`` runs; an exit 1 without the signature (the script's error) is not.
+    Each run keeps its logs."""
+    from tools import validate_patches
+
+    path = tmp_path / "flaky.py"
+    path.write_text(FLAKY_EXIT)
+    monkeypatch.setenv("DIE_RUNS", str(die))
+    monkeypatch.setenv("THEN", str(then))
+    script = validate_patches.Script(path, "the bug", ("a-cell",))
+    r, runs = validate_patches.judged_run(script, Path(sys.executable), tmp_path / "logs" / "after")
+    assert (r.verdict, runs) == want, r.reason
+    assert int((tmp_path / "flaky.count").read_text()) == runs
+    stems = ["after", *(f"after-{n}" for n in range(2, runs + 1))]
+    assert [(tmp_path / "logs" / f"{s}.stdout").read_text() for s in stems] == [
+        f"run {n}\n" for n in range(1, runs + 1)]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--script", "no-such-script.py", "--signature", "x"], "--script no-such-script.py: not found"),
     (["--script", "repro", "--signature", "x"], "--script repro is a directory, not a script"),

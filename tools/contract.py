@@ -85,7 +85,7 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
             # + gloo sometimes aborts at interpreter exit: "terminate called without an active
             # exception"): what was seen stands
             return verdict(BAD, f"signature /{signature}/ seen; then the process died of {died}", True)
-        return verdict(SKIP, f"killed by {died}")
+        return verdict(SKIP, f"{KILLED}{died}")
     if record is not None:
         said_code, said = record.get("exit_code"), record.get("verdict")
         if said_code != rc:
@@ -110,6 +110,9 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
 
 
 # -- the replica check (tools/inject/workspace_replicas.py prints it, --check-replicas) ---------
+
+KILLED = "killed by "  # the reason of a run whose process died of a signal on its own (judge)
+
 
 REPLICAS_SIGNATURE = r"replicas diverged at step \d+"
 NEVER_CHECKED = ("the replica check never ran: no DistributedDataParallel model of several ranks "

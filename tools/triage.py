@@ -849,7 +849,16 @@ def fixed_by_series(script: Path, repro, cell_id: str, args, out: Path) -> dict:
         cells[cell_id], series, out / "known")
     return {"repro": repro.name, "issue": repro.issue, "cell": cell_id, "patches": row["on_top_of"],
             "before": row["before"], "after": row["after"], "after_detail": row["after_detail"],
-            "ok": row["ok"]}
+            "runs": [row["before_runs"], row["after_runs"]], "ok": row["ok"]}
+
+
+def runs_made(k: dict) -> str:
+    """How many runs the series' evidence took, in words."""
+    before, after = k.get("runs") or (1, 1)
+    if before == after == 1:
+        return "one run each"
+    return (f"{before} run(s) without, {after} with: a run that died of a signal before a verdict "
+            "was made again")
 
 
 def series_cell(package: str, lightning: str, torch: str, fixes: list) -> str | None:
@@ -947,11 +956,13 @@ def _comment(t: dict) -> str:
                              f"{k['package']} {k['lightning']} + torch {k['torch']}: bad {k['rate']} "
                              f"({ended})")
             elif k.get("cell"):  # the reporter's script with the series' fix
+                why = k.get("after_detail") or ""
                 tail = ("" if k["ok"] else ": inconclusive (not bad without them)" if k["before"] != "bad"
-                        else f": not fixed by them ({k.get('after_detail') or ''})")
+                        else f": inconclusive (the run with them could not be judged: {why})"
+                        if k["after"] == "skip" else f": not fixed by them ({why})")
                 lines.append(f"- {link}: the reporter's script in `{k['cell']}` is {k['before']} without and "
-                             f"{k['after']} with the series' patches ({', '.join(k['patches'])}), one run "
-                             f"each{tail}")
+                             f"{k['after']} with the series' patches ({', '.join(k['patches'])}), "
+                             f"{runs_made(k)}{tail}")
             elif k.get("why"):
                 lines.append(f"- {link}: the series' fix could not be tried: {k['why']}")
             else:
@@ -1194,8 +1205,8 @@ def known_bug(script: Path, package: str, cell: Cell, args, out: Path, t: dict) 
         t.setdefault("known", []).append(row)
         verdicts = f"{row['before']} before, {row['after']} after"
         if row["ok"]:
-            said.append(f"it is #{repro.issue}: {verdicts} with the series' fix (one run each)")
-        elif row["before"] != "bad":  # the run without the series did not show it: no evidence either way
+            said.append(f"it is #{repro.issue}: {verdicts} with the series' fix ({runs_made(row)})")
+        elif row["before"] != "bad" or row["after"] == "skip":  # a run that shows nothing either way
             said.append(f"it looks like #{repro.issue}; inconclusive: {verdicts} with the series' fix")
         else:
             said.append(f"it looks like #{repro.issue}, but the series' fix does not change it ({verdicts})")

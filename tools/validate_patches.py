@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache"
 TEST_TORCH = "2.13.0"  # the torch of the upstream test environment
 REPEAT = 5  # runs of each new multi-process test (the flaky gate)
+TRIES = 3  # runs of a user's script that keeps dying of a signal before its row says "skip"
 
 
 def site_packages(python: Path) -> Path:
@@ -579,16 +580,32 @@ def script_row(script: Script, cell: matrix.Cell, everything: list[patches.Patch
     cell_py = envs.ensure(f"{cell.package}-{cell.lightning}-torch{cell.torch}", args, log=log)
     logs = out / "logs" / "script" / cell.id
     with scratch("script-") as tmp:
-        before = run_script(script, cell_py, logs / "before")
-        after = run_script(script, patched_env(args, tmp / "after", applied, cell_py), logs / "after")
+        before, before_runs = judged_run(script, cell_py, logs / "before")
+        after, after_runs = judged_run(script, patched_env(args, tmp / "after", applied, cell_py),
+                                       logs / "after")
     row = {"patch": f"(your script) {script.path.name}", "cell": cell.id,
            "on_top_of": [p.name for p in applied], "applies": "-", "checkouts": "-",
            "before": before.verdict, "before_detail": before.reason, "after": after.verdict,
-           "after_detail": detail(after), "series_still_fixed": {}, "upstream_tests": "-", "gates": {},
+           "after_detail": detail(after), "before_runs": before_runs, "after_runs": after_runs,
+           "series_still_fixed": {}, "upstream_tests": "-", "gates": {},
            "ok": before.verdict == "bad" and after.verdict == "good"}
+    runs = "" if before_runs == after_runs == 1 else f" (runs: {before_runs} before, {after_runs} after)"
     log(f"  {row['patch']} x {cell.id}: before {before.verdict} ({before.reason}), after {after.verdict} "
-        f"({row['after_detail']}) with {len(applied)} patches")
+        f"({row['after_detail']}) with {len(applied)} patches{runs}")
     return row
+
+
+def judged_run(script: Script, python: Path, log_stem: Path,
+               tries: int = TRIES) -> tuple[harness.RunResult, int]:
+    """``run_script``, made again (at most ``tries`` runs) while the script's process dies of a
+    signal on its own: torch 2.13 + gloo now and then aborts as the interpreter exits, after
+    training. Such a run cannot test the bug (as a bisect's skip, it is tried again); a timeout
+    or an error of the script is not retried. The last run, and how many were made."""
+    for n in range(1, tries + 1):
+        r = run_script(script, python, log_stem if n == 1 else log_stem.with_name(f"{log_stem.name}-{n}"))
+        if r.final or not (r.reason or "").startswith(contract.KILLED):
+            break
+    return r, n
 
 
 def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResult:
