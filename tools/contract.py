@@ -53,6 +53,9 @@ class Judgement:
     final: bool  # a verdict of the repro itself (good, bad, a skip it declared): fine to cache
 
 
+KILLED = "killed by "  # the start of the reason judge gives a run that died of a signal on its own
+
+
 def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
           stopped: str | None = None, timeout: float | None = None, seen: bool = False) -> Judgement:
     """The verdict of one run: its exit status ``rc`` (negative: killed by that signal), its
@@ -110,9 +113,6 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
 
 
 # -- the replica check (tools/inject/workspace_replicas.py prints it, --check-replicas) ---------
-
-KILLED = "killed by "  # the reason of a run whose process died of a signal on its own (judge)
-
 
 REPLICAS_SIGNATURE = r"replicas diverged at step \d+"
 NEVER_CHECKED = ("the replica check never ran: no DistributedDataParallel model of several ranks "
