@@ -65,7 +65,7 @@ def sbatch_wait(tmp_path: Path, command: str, *options: str) -> tuple[int | None
 
 @pytest.mark.ddp
 @pytest.mark.parametrize("control", [False, True], ids=["callback", "control"])
-def test_20340_under_srun_gives_the_torchrun_verdict(runner, tmp_path, control):
+def test_20340_under_srun_gives_the_one_node_verdict(runner, tmp_path, control):
     extra = ["--no-callback"] if control else []
     rc, out, err = sbatch_wait(tmp_path, f"srun --kill-on-bad-exit=1 {sys.executable} {FINETUNE} "
                                f"--epochs 4 {' '.join(extra)}", "--nodes=1", "--ntasks-per-node=2")

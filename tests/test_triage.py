@@ -321,10 +321,9 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     # the replica check's line is what #20340's repro is known by: the series' fix is tried on the
     # reporter's own script, without and with the patches, in the cell they target (a run that
     # aborted as it exited, as torch 2.13 + gloo now and then does, is made again and said)
-    runs = "one run each" if known["runs"] == [1, 1] else triage.runs_made(known)
     assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
                                        "2.13.0 (CPU); it is #20340: bad before, good after with the "
-                                       f"series' fix ({runs})"), comment.splitlines()[0]
+                                       f"series' fix ({triage.runs_made(known)})"), comment.splitlines()[0]
     assert (known["cell"], known["before"], known["after"]) == ("pl2_6_6_torch2_13_0", "bad", "good")
     assert "lightning-ddp-rewrap-on-trainable-change.patch" in known["patches"]
     assert "the reporter's script in `pl2_6_6_torch2_13_0` is bad without and good with" in comment
