@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tools import contract
 from tools import minimize as m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -407,6 +408,32 @@ def test_an_interrupt_while_a_candidates_folder_is_made_leaves_no_folder(tmp_pat
     monkeypatch.setattr(Path, "write_text", interrupted)
     assert m.main(quick(script, out)) == 130
     assert (out / "work").is_dir() and not any((out / "work").iterdir())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_as_the_best_is_saved_lands_after_both_of_its_writes(tmp_path, monkeypatch, sig):
+    """best.json (what a resume reads) and best/ (what the interrupt's message points at) agree:
+    a signal that comes between the two writes waits for the second (seen in a warm run of the
+    signal test below, which sends its signal as soon as best.json shows an improvement)."""
+    from tools import results
+
+    real = results.write_json
+
+    def written_then_interrupted(path, data):
+        real(path, data)
+        os.kill(os.getpid(), sig)
+
+    monkeypatch.setattr(results, "write_json", written_then_interrupted)
+    # the handlers of `python -m tools.minimize` (contract.run_main)
+    handler = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: contract._terminate}[sig]
+    before = signal.signal(sig, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            m.save_best(tmp_path, {"train.py": "print(1)\n", "engine.py": None})
+    finally:
+        signal.signal(sig, before)
+    assert json.loads((tmp_path / "best.json").read_text())["train.py"] == "print(1)\n"
+    assert (tmp_path / "best" / "train.py").read_text() == "print(1)\n"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

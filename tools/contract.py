@@ -7,11 +7,13 @@ The codes are defined once, in ``repro/_contract.py`` (the repro scripts stay ru
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,6 +259,25 @@ class Interrupted(KeyboardInterrupt):
 
 def _terminate(signum, frame):
     raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM that come during the block act when it is done: for writes that belong
+    together. (Python runs signal handlers in the main thread only: elsewhere nothing is held.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came = []
+    before = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if came:
+            signal.raise_signal(came[0])
 
 
 def run_main(main, argv=None, interrupted: str = "interrupted") -> int:

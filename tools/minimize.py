@@ -945,9 +945,11 @@ def clock(seconds: float) -> str:
 
 def save_best(out: Path, files: dict[str, str | None]) -> None:
     """The best candidate: ``best.json`` (written atomically in one piece: what a resume reads),
-    and its files in ``best/`` to look at."""
-    results.write_json(out / "best.json", files)
-    write_files(out / "best", files)
+    and its files in ``best/`` to look at. Ctrl-C and SIGTERM wait until both are written: the
+    interrupt's message says the best so far is in ``best/``."""
+    with contract.signals_held():
+        results.write_json(out / "best.json", files)
+        write_files(out / "best", files)
 
 
 def load_best(out: Path, original: dict[str, str]) -> dict[str, str | None]:
