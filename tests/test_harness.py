@@ -28,6 +28,29 @@ def test_verdict_line_and_logs_are_kept(tmp_path):
     assert open(r.stdout_path).read().startswith("hello\n")
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no autogroups in this kernel: "
+                    "a run's share of the CPU is its processes' own niceness, which it inherits")
+def test_a_run_keeps_the_niceness_of_the_process_that_starts_it(tmp_path):
+    # each run leads a session of its own, and with autogroups a new session's share of the CPU
+    # is weighed by the session's own nice value, 0 from the start: `nice nox ...` would not be
+    # nice where it matters. Both kinds of run, started by a process 3 nicer than this one.
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tools import harness\n"
+        "os.nice(3)\n"
+        "show = 'print(open(\"/proc/self/autogroup\").read().split()[-1])'\n"
+        f"r = harness.run([sys.executable, '-c', show], timeout=60, log_stem={str(tmp_path / 'new')!r})\n"
+        f"f = harness.run_forked(lambda: exec(show), timeout=60, log_stem={str(tmp_path / 'fork')!r})\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), open(r.stdout_path).read().strip(),\n"
+        "      open(f.stdout_path).read().strip())\n")
+    proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=120)
+    nice, fresh, forked = proc.stdout.split()
+    assert int(nice) == min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19), proc.stderr
+    assert (fresh, forked) == (nice, nice)
+
+
 def test_timeout_kills_the_whole_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     cmd = script(tmp_path, "import subprocess,sys,time\n"

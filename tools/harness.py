@@ -192,8 +192,10 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         _take_sigint_back()
-        return subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env=child_env, cwd=cwd, start_new_session=True)
+        keep_priority(proc.pid)
+        return proc
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       signature=signature, stop=stop)
@@ -232,6 +234,22 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
                       signature=signature)
 
 
+def keep_priority(pid: int | str) -> None:
+    """Give the new session ``pid`` leads (``"self"`` in the child) this process's niceness.
+
+    On Linux with autogroups (``kernel.sched_autogroup_enabled``, the default) every session gets
+    its own share of the CPU, weighed by the session's nice value, which starts at 0 whatever its
+    processes' own: a run, which leads a session of its own, would escape ``nice nox ...`` and take
+    the cores as if it were not nice. Nothing to do at nice 0, or without autogroups."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > 0:
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as fh:
+                fh.write(str(nice))
+        except OSError:  # no autogroups here, or the run has already ended
+            pass
+
+
 def _take_sigint_back() -> None:
     """A harness started in the background (``nox ... &``) inherits SIGINT ignored, and its runs
     would inherit that through exec: a repro of Ctrl-C (``os.kill(pid, SIGINT)``) would never
@@ -264,6 +282,7 @@ def _child(target, out: int, err: int, parent: int, mask, ranks_file: str, reade
         for fd in readers:  # the parent's ends of the output pipes
             os.close(fd)
         os.setsid()
+        keep_priority("self")
         die_with_parent(parent)
         # the signal dispositions of a fresh interpreter, whatever the parent installed
         signal.signal(signal.SIGINT, signal.default_int_handler)
