@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import ROOT, alive
 
-from tools import harness
+from tools import contract, harness
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "dead_peer.py")
 
@@ -43,12 +43,14 @@ def test_a_run_keeps_the_niceness_of_the_process_that_starts_it(tmp_path):
         "show = 'print(open(\"/proc/self/autogroup\").read().split()[-1])'\n"
         f"r = harness.run([sys.executable, '-c', show], timeout=60, log_stem={str(tmp_path / 'new')!r})\n"
         f"f = harness.run_forked(lambda: exec(show), timeout=60, log_stem={str(tmp_path / 'fork')!r})\n"
+        "gone = harness.run(['/no/such/program'], timeout=60)\n"
         "print(os.getpriority(os.PRIO_PROCESS, 0), open(r.stdout_path).read().strip(),\n"
-        "      open(f.stdout_path).read().strip())\n")
+        "      open(f.stdout_path).read().strip(), gone.code, gone.reason.startswith('could not start'))\n")
     proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=120)
-    nice, fresh, forked = proc.stdout.split()
+    nice, fresh, forked, *gone = proc.stdout.split()
     assert int(nice) == min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19), proc.stderr
-    assert (fresh, forked) == (nice, nice)
+    assert (fresh, forked) == (nice, nice)  # as each run began: set before its own code starts
+    assert gone == [str(contract.FAIL), "True"]  # a program that cannot start: as at nice 0
 
 
 def test_timeout_kills_the_whole_group(tmp_path):

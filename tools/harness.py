@@ -11,8 +11,10 @@ kept in full next to each other; the run is judged by ``contract.judge``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,10 +194,12 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         _take_sigint_back()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        nice = session_nice()
+        # a program that cannot be started fails here as it would without the shell (exit 128)
+        shell = nice is not None and _startable(cmd[0], child_env, cwd)
+        argv = ["/bin/sh", "-c", NICE_SESSION, "sh", str(nice), *cmd] if shell else cmd
+        return subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 env=child_env, cwd=cwd, start_new_session=True)
-        keep_priority(proc.pid)
-        return proc
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
                       signature=signature, stop=stop)
@@ -234,20 +238,27 @@ def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
                       signature=signature)
 
 
-def keep_priority(pid: int | str) -> None:
-    """Give the new session ``pid`` leads (``"self"`` in the child) this process's niceness.
+def session_nice() -> int | None:
+    """The nice value a run's new session must be given, or None when there is nothing to do.
 
-    On Linux with autogroups (``kernel.sched_autogroup_enabled``, the default) every session gets
-    its own share of the CPU, weighed by the session's nice value, which starts at 0 whatever its
-    processes' own: a run, which leads a session of its own, would escape ``nice nox ...`` and take
-    the cores as if it were not nice. Nothing to do at nice 0, or without autogroups."""
+    On Linux with autogroups (``/proc/sys/kernel/sched_autogroup_enabled``) every session gets its
+    own share of the CPU, weighed by the session's nice value, which starts at 0 whatever its
+    processes' own: a run, which leads a session of its own, would escape ``nice nox ...`` and
+    take the cores as if it were not nice. So the run's session gets this process's niceness,
+    before the run's own code starts (a niced parent may not get the CPU back for a while once
+    its child runs). Nothing to do at nice 0, or without autogroups."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice > 0:
-        try:
-            with open(f"/proc/{pid}/autogroup", "w") as fh:
-                fh.write(str(nice))
-        except OSError:  # no autogroups here, or the run has already ended
-            pass
+    return nice if nice > 0 and os.path.exists("/proc/self/autogroup") else None
+
+
+# a new program's session takes its nice value ($1), then the shell becomes the program
+NICE_SESSION = '{ echo "$1" > /proc/self/autogroup; } 2>/dev/null; shift; exec "$@"'
+
+
+def _startable(program: str, env: dict, cwd: str | Path | None) -> bool:
+    if os.sep in program:
+        return os.access(os.path.join(cwd or ".", program), os.X_OK)
+    return shutil.which(program, path=env.get("PATH", os.defpath)) is not None
 
 
 def _take_sigint_back() -> None:
@@ -282,7 +293,10 @@ def _child(target, out: int, err: int, parent: int, mask, ranks_file: str, reade
         for fd in readers:  # the parent's ends of the output pipes
             os.close(fd)
         os.setsid()
-        keep_priority("self")
+        nice = session_nice()
+        if nice is not None:
+            with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as fh:
+                fh.write(str(nice))
         die_with_parent(parent)
         # the signal dispositions of a fresh interpreter, whatever the parent installed
         signal.signal(signal.SIGINT, signal.default_int_handler)
