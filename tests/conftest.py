@@ -66,7 +66,7 @@ NICE = 10  # of the workers that run the single-process tests
 @pytest.fixture(autouse=True)
 def _yield_the_cores_to_the_chain(request):
     # The multi-process chain, one job at a time on one worker, is the suite's long pole: the
-    # other workers run at nice 10, and so do their runs (harness.keep_priority gives the
+    # other workers run at nice 10, and so do their runs (harness.session_nice gives the
     # session each run leads the same niceness), so the chain's ranks get the cores first. Only
     # under pytest-xdist; a worker cannot become less nice, so one that took a single-process
     # test before a DDP test runs that slower, with the same verdicts.

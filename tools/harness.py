@@ -11,7 +11,7 @@ kept in full next to each other; the run is judged by ``contract.judge``.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import gc
 import os
 import shutil
@@ -251,8 +251,24 @@ def session_nice() -> int | None:
     return nice if nice > 0 and os.path.exists("/proc/self/autogroup") else None
 
 
-# a new program's session takes its nice value ($1), then the shell becomes the program
-NICE_SESSION = '{ echo "$1" > /proc/self/autogroup; } 2>/dev/null; shift; exec "$@"'
+# A new program's session takes its nice value ($1), then the shell becomes the program. Without
+# CAP_SYS_ADMIN the kernel refuses a second such write within 0.1 s of any other (EAGAIN): try
+# again, a few times.
+NICE_SESSION = ('i=0; until { echo "$1" > /proc/self/autogroup; } 2>/dev/null || [ $i -ge 6 ]; '
+                'do i=$((i + 1)); sleep 0.05; done; shift; exec "$@"')
+
+
+def _nice_own_session(nice: int) -> None:
+    """In a fork that leads a new session: what NICE_SESSION does."""
+    for _ in range(7):
+        try:
+            with open("/proc/self/autogroup", "w") as fh:
+                fh.write(str(nice))
+            return
+        except OSError as err:
+            if err.errno != errno.EAGAIN:
+                return
+            time.sleep(0.05)
 
 
 def _startable(program: str, env: dict, cwd: str | Path | None) -> bool:
@@ -295,8 +311,7 @@ def _child(target, out: int, err: int, parent: int, mask, ranks_file: str, reade
         os.setsid()
         nice = session_nice()
         if nice is not None:
-            with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as fh:
-                fh.write(str(nice))
+            _nice_own_session(nice)
         die_with_parent(parent)
         # the signal dispositions of a fresh interpreter, whatever the parent installed
         signal.signal(signal.SIGINT, signal.default_int_handler)
