@@ -63,16 +63,22 @@ def python() -> str:
 NICE = 10  # of the workers that run the single-process tests
 
 
-@pytest.fixture(autouse=True)
-def _yield_the_cores_to_the_chain(request):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
     # The multi-process chain, one job at a time on one worker, is the suite's long pole: the
-    # other workers run at nice 10, and so do their runs (harness.session_nice gives the
-    # session each run leads the same niceness), so the chain's ranks get the cores first. Only
-    # under pytest-xdist; a worker cannot become less nice, so one that took a single-process
-    # test before a DDP test runs that slower, with the same verdicts.
-    if (hasattr(request.config, "workerinput") and request.node.get_closest_marker("ddp") is None
-            and os.getpriority(os.PRIO_PROCESS, 0) < NICE):
-        os.setpriority(os.PRIO_PROCESS, 0, NICE)
+    # other workers run their tests at nice 10, and so do their runs (harness.session_nice gives
+    # the session each run leads the same niceness), so the chain's ranks get the cores first.
+    # Only under pytest-xdist; before any fixture (a session's runner started now keeps it). A
+    # DDP test goes back to nice 0 where that is allowed (root); elsewhere a worker that took a
+    # single-process test first runs it slower, with the same verdicts.
+    if not hasattr(item.config, "workerinput"):
+        return
+    want = 0 if item.get_closest_marker("ddp") else NICE
+    if os.getpriority(os.PRIO_PROCESS, 0) != want:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, want)
+        except PermissionError:  # lowering the niceness needs root
+            pass
 
 
 @pytest.fixture(autouse=True)

@@ -43,14 +43,21 @@ def test_a_run_keeps_the_niceness_of_the_process_that_starts_it(tmp_path):
         "show = 'print(open(\"/proc/self/autogroup\").read().split()[-1])'\n"
         f"r = harness.run([sys.executable, '-c', show], timeout=60, log_stem={str(tmp_path / 'new')!r})\n"
         f"f = harness.run_forked(lambda: exec(show), timeout=60, log_stem={str(tmp_path / 'fork')!r})\n"
-        "gone = harness.run(['/no/such/program'], timeout=60)\n"
+        "gone = [harness.run([p], timeout=60) for p in sys.argv[1:]]\n"
         "print(os.getpriority(os.PRIO_PROCESS, 0), open(r.stdout_path).read().strip(),\n"
-        "      open(f.stdout_path).read().strip(), gone.code, gone.reason.startswith('could not start'))\n")
-    proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=120)
+        "      open(f.stdout_path).read().strip(), *(g.reason.startswith('could not start') for g in gone),\n"
+        "      *(g.code for g in gone))\n")
+    # programs exec cannot start, whatever a shell would make of them: as at nice 0, Popen's error
+    text = tmp_path / "text"
+    text.write_text("echo ran as a shell script\n")
+    text.chmod(0o755)
+    cannot = ["/no/such/program", str(tmp_path), str(text)]
+    proc = subprocess.run([sys.executable, str(driver), *cannot], capture_output=True, text=True,
+                          timeout=120)
     nice, fresh, forked, *gone = proc.stdout.split()
     assert int(nice) == min(os.getpriority(os.PRIO_PROCESS, 0) + 3, 19), proc.stderr
     assert (fresh, forked) == (nice, nice)  # as each run began: set before its own code starts
-    assert gone == [str(contract.FAIL), "True"]  # a program that cannot start: as at nice 0
+    assert gone == ["True"] * 3 + [str(contract.FAIL)] * 3, proc.stdout
 
 
 def test_timeout_kills_the_whole_group(tmp_path):

@@ -269,15 +269,12 @@ def signals_held():
         yield
         return
     came = []
-    before = {sig: signal.signal(sig, lambda signum, frame: came.append(signum))
-              for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with contextlib.ExitStack() as stack:  # each step undone, even when another one raises
+        stack.callback(lambda: came and signal.raise_signal(came[0]))  # last: the handlers are back
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            before = signal.signal(sig, lambda signum, frame: came.append(signum))
+            stack.callback(signal.signal, sig, signal.SIG_DFL if before is None else before)
         yield
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        if came:
-            signal.raise_signal(came[0])
 
 
 def run_main(main, argv=None, interrupted: str = "interrupted") -> int:

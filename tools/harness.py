@@ -271,10 +271,23 @@ def _nice_own_session(nice: int) -> None:
             time.sleep(0.05)
 
 
-def _startable(program: str, env: dict, cwd: str | Path | None) -> bool:
+def _startable(program: str | Path, env: dict, cwd: str | Path | None) -> bool:
+    """Whether exec starts ``program`` itself (a binary or a ``#!`` script): only then may the shell
+    go first. Otherwise Popen's own error stands ("could not start"): the shell would run a text
+    file without ``#!`` as a shell script, and fail a folder with 126."""
+    program = os.fspath(program)
     if os.sep in program:
-        return os.access(os.path.join(cwd or ".", program), os.X_OK)
-    return shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+        path = os.path.join(cwd or ".", program)
+    else:
+        path = shutil.which(program, path=env.get("PATH", os.defpath))
+    if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    return head[:2] == b"#!" or head == b"\x7fELF"
 
 
 def _take_sigint_back() -> None:
