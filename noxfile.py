@@ -8,7 +8,7 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results, sessions, slurm_cluster, slurm_matrix  # noqa: E402
+from tools import cells, envs, matrix, results, sandbox, sessions, slurm_cluster, slurm_matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -76,6 +76,15 @@ def slurm_up(session: nox.Session) -> None:
 def slurm_down(session: nox.Session) -> None:
     """Stop the local SLURM cluster's daemons (idempotent)."""
     sessions.run_main(session, slurm_cluster.down)
+
+
+@nox.session(python=False)
+def sandbox_up(session: nox.Session) -> None:
+    """Install bubblewrap, the sandbox of untrusted code (nox -s triage), if missing (root)."""
+    try:
+        sandbox.up(log=session.log)
+    except sandbox.Unavailable as err:
+        session.skip(str(err))  # the sandbox tests then skip too, saying why
 
 
 @nox.session(python=False)

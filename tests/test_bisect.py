@@ -540,3 +540,26 @@ def test_a_local_repository_deleted_and_made_again_is_cloned_again(tmp_path, cap
     clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
     assert clone.git.rev_parse("master") == shas[-1] or clone.git.rev_parse("origin/master") == shas[-1]
     assert "cloning it again" in capsys.readouterr().out
+
+
+def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsys):
+    """The clone made again has none of the old clone's worktrees: the folder a step checks out
+    in is made again too, not a raw InvalidGitRepositoryError on every later run."""
+    import shutil
+
+    from tools import gitrange
+
+    make_repo(tmp_path / "src-repo")
+    clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
+    base = tmp_path / "cache" / "worktrees" / "lightning"
+    tree = gitrange.Worktree.claim(clone, base)
+    tree.checkout(clone.git.rev_parse("1.0.0^{commit}"))
+    tree.lock.close()
+    shutil.rmtree(tmp_path / "src-repo")
+    _, shas = make_repo(tmp_path / "src-repo", fixed_at=9)
+    clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
+    tree = gitrange.Worktree.claim(clone, base)
+    path = tree.checkout(shas[-1])
+    assert path == base.with_name("lightning-0")
+    assert "BUG = False" in (path / "src" / "lightning" / "pytorch" / "__init__.py").read_text()
+    assert "not a worktree of" in capsys.readouterr().out

@@ -131,9 +131,14 @@ def run(args: list[str], **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, **kw)
 
 
+# every reduction here ends by launches (its whole reduction takes about 150), however busy the
+# machine: a clock never decides what a test sees, and no hang guard trips on a slow machine
+MAX_RUNS = "400"
+
+
 def quick(script: Path, out: Path, *extra: str) -> list[str]:
     return [str(script), "--signature", SIGNATURE, "--python", sys.executable, "--fresh-process",
-            "--out", str(out), *extra]
+            "--out", str(out), "--max-runs", MAX_RUNS, *extra]
 
 
 def lines(path: Path) -> int:
@@ -830,6 +835,7 @@ def test_a_control_that_does_not_fix_the_bug_or_cannot_be_made_is_bad_input(tmp_
     assert why in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.timeout(1800)  # a hang guard: two bounded reductions of a real program, on a busy machine
 def test_the_series_patch_as_the_control_on_a_real_program(tmp_path, monkeypatch):
     """Real Lightning: the equal-params finetuning program is bad as installed and good with the
     series' fix applied to a copy; a patch that fixes something else is refused as the control."""

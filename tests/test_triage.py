@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, triage
-from tools.launcher import Launcher, Run, sandbox_works
+from tools import contract, sandbox, triage
+from tools.launcher import Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUES = ROOT / "tests" / "fixtures" / "issues"
@@ -119,8 +119,9 @@ def test_the_cpu_port_changes_only_the_named_arguments_and_shows_them():
     assert new == "import torch\npass\nx = torch.ones(1).to('cpu')\n"
 
 
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_in_the_sandbox_only_loopback_answers_and_home_is_a_throwaway(tmp_path):
+    tmp_path.chmod(0o755)  # the run is nobody, when the suite is root
     probe = tmp_path / "probe.py"
     marker = f"triage-sandbox-{os.getpid()}"
     probe.write_text(
@@ -298,7 +299,7 @@ def test_an_issue_url_is_read_through_the_api_and_then_works_offline(tmp_path, m
 @pytest.mark.ddp
 @pytest.mark.timeout(1500)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replica_check(tmp_path):
     """The #20340-style report (a GPU script, no exception, "drift" in the text), its version
     set to the newest so one cell runs: ported to the CPU, the replica check turned on by the
@@ -331,7 +332,7 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
 
 @pytest.mark.timeout(1500)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_a_bug_fixed_since_the_reporters_release_gets_its_fix_bisected(tmp_path):
     """A report on 2.5.0 of a crash that a later release fixed: reproduced in the reporter's
     versions, not in the newest, so the bisect looks for the fix, over real releases (and, with
@@ -358,7 +359,7 @@ def test_a_bug_fixed_since_the_reporters_release_gets_its_fix_bisected(tmp_path)
 
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_a_script_report_without_its_lightning_version_runs_in_the_fingerprinted_release(tmp_path):
     """No Lightning version stated: the reporter's cell is the release whose source has every
     quoted line of the traceback's frames (real wheels or tags), and the script is bad there."""
@@ -426,7 +427,7 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
         "PyTorch Version: 2.13.0", "PyTorch Version: 2.6.0"))
     monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage, "resolve", lambda package, version: version)
-    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
 
     def run_cell(cell, script, args, out, launcher, site, after=0):
         cell.verdicts = ["bad" if cell.torch in bad_in else "good"] * args.trials
@@ -453,7 +454,7 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
 def test_a_bug_only_master_shows_is_said_so_and_not_bisected(tmp_path, monkeypatch):
     monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage, "resolve", lambda package, version: version)
-    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
     monkeypatch.setattr(triage, "master_cell", lambda args, package, newest: triage.Cell(
         "master", package, "master abc123", "2.13.0", source="/nowhere", base=newest))
 
@@ -480,7 +481,7 @@ def test_a_divergence_is_taken_for_20340_only_where_trainability_changes():
 def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monkeypatch):
     monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage, "resolve", lambda package, version: version)
-    monkeypatch.setattr(triage, "sandbox_works", lambda: True)
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
 
     def run_cell(cell, script, args, out, launcher, site, after=0):
         cell.verdicts, cell.reasons = ["bad", "good", "good"], ["", "", ""]
@@ -507,7 +508,7 @@ def test_the_nodes_a_script_is_written_for(code, nodes):
 
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make a network namespace")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_a_script_for_two_nodes_runs_as_two_nodes_in_the_sandbox(tmp_path):
     code, out, err = run_triage(tmp_path, str(ISSUES / "two_nodes.md"), "--trials", "1", "--no-bisect",
                                 "--minimize-budget", "0", "--repo", "")
@@ -547,8 +548,9 @@ def test_the_static_check_sees_through_the_usual_detours():
     assert triage.dangerous("from pathlib import Path\nPath('/etc/hostname').open().read()\n") == []
 
 
-@pytest.mark.skipif(not sandbox_works(), reason="this machine cannot make the namespaces")
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_the_sandbox_is_read_only_outside_its_folders_and_keeps_secrets_out(tmp_path, monkeypatch):
+    tmp_path.chmod(0o755)  # the run is nobody, when the suite is root
     monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_a_real_token_0123")
     probe = tmp_path / "probe.py"
     target = tmp_path / "outside.txt"
@@ -569,3 +571,70 @@ def test_an_api_json_without_a_body_text_is_bad_input(tmp_path):
     assert code == 2
     assert err.strip().splitlines()[-1] == (f"error: {bad}: not an issue as GitHub's API gives it "
                                             "(no 'body' text)")
+
+
+# -- what goes public, and where the results go -----------------------------------------------------
+
+def test_the_comment_caps_what_runs_said_redacts_secrets_and_names_no_path(tmp_path):
+    """A script's exception quotes a file it read (a password file, a key): none of it reaches
+    the comment, whose first line is capped, and "Reproduce with" names the file, not its path."""
+    leaked = ("root:x:0:0:root:/root:/bin/bash daemon:*:20228:0:99999:7::: "
+              "token=hunter2hunter2 ghp_abcdefghijklmnopqrstuvwxyz0123 AKIAABCDEFGHIJKLMNOP "
+              "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----")
+    reason = f"exit 1 without the signature: RuntimeError: {leaked} " + "x" * 2000
+    report = tmp_path / "some folder" / "issue.md"
+    t = {"status": f"could not test: every run ended without a verdict ({reason})", "sandbox": "yes",
+         "input": str(report), "reproduce": "issue.md", "id": "issue",
+         "cells": [{"label": "newest", "package": "pytorch-lightning", "lightning": "2.6.6",
+                    "torch": "2.13.0", "rate": "0/0 (1 could not test)", "verdicts": ["skip"],
+                    "reasons": [reason]}]}
+    text = triage.comment(t)
+    first = text.splitlines()[0]
+    assert len(first) <= triage.STATUS_CAP + len("**Triage:** "), len(first)
+    for secret in ("root:x:0:0", "daemon:*:", "hunter2", "ghp_abc", "AKIAABC", "b3BlbnNzaC1rZXk"):
+        assert secret not in text, secret
+    assert "[redacted]" in first
+    assert "Reproduce with: `nox -s triage -- issue.md`" in text
+    assert str(tmp_path) not in text
+
+
+def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
+    runs = []
+
+    def run_cell(cell, script, args, out, launcher, site, after=0):
+        runs.append((str(out), cell.label))
+        cell.verdicts, cell.reasons = ["good"] * args.trials, [""] * args.trials
+
+    monkeypatch.setattr(triage, "run_cell", run_cell)
+    monkeypatch.setattr(triage, "bisect", lambda *a, **k: None)
+    folders = []
+    for name in ("a", "b", "a"):
+        (tmp_path / name).mkdir(exist_ok=True)
+        report = tmp_path / name / "issue.md"
+        report.write_text((ISSUES / "fixed_later.md").read_text())
+        t = triage.triage(triage.parse_args([str(report), "--trials", "1", "--minimize-budget", "0",
+                                             "--repo", ""]))
+        folders.append(t["out"])
+        assert (Path(t["out"]) / "comment.md").is_file()
+    assert folders[0] != folders[1] and folders[0] == folders[2], folders
+    assert Path(folders[0]).name.startswith("issue-") and Path(folders[1]).name.startswith("issue-")
+    assert [o for o, _ in runs].count(folders[0]) == 2  # the first triage's two cells, not again
+    assert [o for o, _ in runs].count(folders[1]) == 2
+
+
+def test_no_sandbox_here_means_nothing_runs_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: "no sandbox here: bwrap not installed")
+    monkeypatch.setattr(triage, "run_cell", lambda *a, **k: pytest.fail("ran without a sandbox"))
+    with pytest.raises(contract.BadInput) as err:
+        triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
+                                         "--repo", "", "--out", str(tmp_path / "out")]))
+    assert str(err.value) == ("no sandbox here: bwrap not installed; nothing was run (--allow-unsandboxed "
+                              "runs the pasted code without it, as you)")
+    args = triage.parse_args([str(ISSUES / "fixed_later.md"), "--allow-unsandboxed"])
+    assert triage.sandbox_mode(args) == "none" and triage.sandbox_flag(args) == []
+    args = triage.parse_args([str(ISSUES / "fixed_later.md"), "--allow-network"])
+    assert triage.sandbox_mode(args) == "network" and triage.sandbox_flag(args) == ["--sandbox=network"]

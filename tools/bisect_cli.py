@@ -77,7 +77,7 @@ class Config:
     slurm: object = None  # slurm_jobs.Options with --executor slurm: each run is one SLURM job
     extra: tuple[str, ...] = ()  # --with: what the repro needs besides Lightning and torch
     check_replicas: str | None = None  # --check-replicas: the replica check's interval
-    sandbox: bool = False  # --sandbox: untrusted code (a triaged issue's script)
+    sandbox: bool | str = False  # --sandbox[=network]: untrusted code (a triaged issue's script)
     find_fix: bool = False  # --find-fix: the first release/commit without the bug after one with it
     jobs: int = 1  # --jobs: candidates tested at once per round
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
@@ -155,9 +155,7 @@ def parse_args(argv) -> Config:
                         "whose runs fork from a preloaded runner, and with --executor slurm, where "
                         "--jobs K makes each round one job array of K tasks)")
     contract.add_nodes(p)
-    p.add_argument("--sandbox", action="store_true",
-                   help="run the repro in the launcher's sandbox (no network but loopback, a throwaway "
-                        "HOME, TMPDIR and folder): for untrusted code")
+    contract.add_sandbox(p, "run the repro")
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:

@@ -295,6 +295,22 @@ def run_main(main, argv=None, interrupted: str = "interrupted") -> int:
         return INTERRUPTED
 
 
+def add_sandbox(parser, what: str) -> None:
+    """``--sandbox[=network]``: untrusted code (a triaged issue's script) in the sandbox."""
+    parser.add_argument("--sandbox", nargs="?", const=True, default=False, type=_sandbox, metavar="network",
+                        help=f"{what} in the sandbox (bubblewrap: nobody, loopback only, the system "
+                             "read-only, a throwaway HOME, TMPDIR and folder on a size-limited tmpfs): for "
+                             "untrusted code; --sandbox=network with the machine's network")
+
+
+def _sandbox(value: str):
+    import argparse
+
+    if value != "network":
+        raise argparse.ArgumentTypeError(f"takes no value, or network (not {value!r})")
+    return value
+
+
 BISECT_USAGE = 129  # bad options of a program ``git bisect run`` calls: never a verdict
 
 

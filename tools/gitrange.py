@@ -166,8 +166,12 @@ class Worktree:
             worktree.lock = lock
             return worktree
 
-    def __init__(self, repo: git.Repo, path: Path, sparse: tuple[str, ...] = SPARSE):
+    def __init__(self, repo: git.Repo, path: Path, sparse: tuple[str, ...] = SPARSE, log=print):
         self.repo, self.path = repo, Path(path)
+        if (self.path / ".git").exists() and not self._belongs():
+            log(f"[repo] {self.path} is not a worktree of {repo.working_dir} (its clone was made again): "
+                "making it again")
+            shutil.rmtree(self.path)
         if not (self.path / ".git").exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
             repo.git.worktree("prune")
@@ -175,6 +179,17 @@ class Worktree:
             self.git = git.Repo(self.path).git
             self.git.sparse_checkout("set", "--no-cone", *(f"/{d}/" for d in sparse))
         self.git = git.Repo(self.path).git
+
+    def _belongs(self) -> bool:
+        """Is the folder a live worktree of ``repo`` (its ``.git`` file names a folder of
+        ``repo``'s that still exists)?"""
+        try:
+            said = (self.path / ".git").read_text().strip()
+        except (OSError, IsADirectoryError):
+            return False
+        gitdir = Path(said.removeprefix("gitdir:").strip())
+        own = Path(self.repo.git_dir).resolve()
+        return gitdir.is_dir() and gitdir.resolve().is_relative_to(own)
 
     def checkout(self, sha: str) -> Path:
         """Check ``sha`` out, dropping any change and untracked file left in the worktree."""

@@ -11,9 +11,11 @@ kept in full next to each other; the run is judged by ``contract.judge``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -187,10 +189,11 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
         env: dict | None = None, cwd: str | Path | None = None, peer_grace: float = 30.0,
-        signature: str | None = None, stop=None) -> RunResult:
+        signature: str | None = None, stop=None, log_limit: int | None = None) -> RunResult:
     """Run ``cmd`` (a repro) and judge it by the contract (``contract.judge``): exit 1 is bad
     only with a verdict line saying so or with ``signature``, a regex found in its output (for
-    a user's own script that prints no verdict line)."""
+    a user's own script that prints no verdict line). ``log_limit``: bytes of each stream kept
+    in the log files (untrusted code must not fill the disk through them)."""
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         _take_sigint_back()
@@ -202,7 +205,7 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
                                 env=child_env, cwd=cwd, start_new_session=True)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
-                      signature=signature, stop=stop)
+                      signature=signature, stop=stop, log_limit=log_limit)
 
 
 def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
@@ -393,10 +396,11 @@ class _Sink:
     run that prints 100 MB costs a few MB here, and the signature counts wherever it was). A log
     that cannot be written (a full or read-only disk) is remembered: that run has no verdict."""
 
-    def __init__(self, paths, signature: str | None):
+    def __init__(self, paths, signature: str | None, limit: int | None = None):
         import re
         import selectors
 
+        self.limit, self.written = limit, [0, 0]
         self.pattern = re.compile(signature) if signature else None
         self.seen = False
         self.error: OSError | None = None
@@ -440,7 +444,7 @@ class _Sink:
             return
         if self.files[i] is not None and self.error is None:
             try:
-                self.files[i].write(data)
+                self._write(i, data)
             except OSError as err:
                 self.error = err
         tail = self.tails[i]
@@ -451,6 +455,17 @@ class _Sink:
             lines = (self.partial[i] + data).split(b"\n")
             self.partial[i] = lines.pop()[-LINE:]
             self.seen = any(self.pattern.search(line.decode(errors="replace")) for line in lines)
+
+    def _write(self, i: int, data: bytes) -> None:
+        if self.limit is None:
+            self.files[i].write(data)
+            return
+        room = self.limit - self.written[i]
+        if room > 0:
+            self.files[i].write(data[:room])
+            if len(data) >= room:
+                self.files[i].write(f"\n[the log stops here: its limit is {self.limit >> 20} MiB]\n".encode())
+        self.written[i] += len(data)
 
     def close(self) -> tuple[str, str]:
         """The tails as text; the log files flushed (an error there is remembered too)."""
@@ -477,7 +492,8 @@ def _log_failure(err: OSError, where: Path | None) -> str:
             "verdict")
 
 
-def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) -> RunResult:
+def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None, log_limit=None) -> RunResult:
+    sweep()
     log_stem = Path(log_stem) if log_stem else None
     out_path = err_path = None
     if log_stem:
@@ -487,7 +503,7 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None) ->
         except OSError as exc:
             return RunResult(contract.FAIL, "error", _log_failure(exc, log_stem.parent), 0.0, None)
     started = time.monotonic()
-    sink = _Sink((out_path, err_path), signature)
+    sink = _Sink((out_path, err_path), signature, log_limit)
     if sink.error:
         sink.close()
         return RunResult(contract.FAIL, "error", _log_failure(sink.error, log_stem.parent), 0.0, None)
@@ -685,5 +701,70 @@ def _watchdog(pgid: int) -> subprocess.Popen:
 def _ranks_file():
     import tempfile
 
-    return tempfile.NamedTemporaryFile("w", prefix="ranks-", suffix=".pids")
+    return tempfile.NamedTemporaryFile("w", prefix=owned("ranks"), suffix=".pids")
+
+
+# -- what a run leaves in the temporary folder, and its owner ---------------------------------------
+
+OWNED = re.compile(r"^(ranks|sandbox)-(\d+)\.(\d+)-")
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def owned(prefix: str) -> str:
+    """The start of the name of a temporary file or folder this process owns: its pid and start
+    time, so that once it is gone (even SIGKILLed) the next run can tell, and remove it."""
+    return f"{prefix}-{os.getpid()}.{_start_time(os.getpid())}-"
+
+
+def owned_tempdir(prefix: str) -> Path:
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=owned(prefix)))
+
+
+def owner_alive(name: str) -> bool:
+    """Is the process that made ``name`` (see ``owned``) still running? A name of another shape
+    counts as alive (never removed)."""
+    m = OWNED.match(name)
+    return m is None or _start_time(int(m.group(2))) == int(m.group(3))
+
+
+_SWEPT: list[bool] = []
+
+
+def sweep(log=None) -> list[str]:
+    """Remove, once per process, the pid files and sandbox folders in the temporary folder whose
+    owner process is gone (a harness that was SIGKILLed), saying what was removed."""
+    import tempfile
+
+    if _SWEPT:
+        return []
+    _SWEPT.append(True)
+    removed = []
+    folder = Path(tempfile.gettempdir())
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if not OWNED.match(entry.name) or owner_alive(entry.name):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        if not entry.exists():
+            removed.append(str(entry))
+            m = OWNED.match(entry.name)
+            (log or _say)(f"[sweep] removed {entry}: left by process {m.group(2)}, which is gone")
+    return removed
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
 

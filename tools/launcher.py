@@ -17,6 +17,7 @@ under a limit, judged), ``preloaded`` (forks of one import), ``nodes`` (torchrun
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,52 +26,11 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tools import contract, harness, nodes, slurm_jobs
+from tools import contract, harness, nodes, sandbox, slurm_jobs
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent  # the workspace: on the path of tools.nodes in a sandbox
 INJECT = Path(__file__).resolve().parent / "inject"  # put on a run's PYTHONPATH, never imported
-# The sandbox: new user, network, mount and process namespaces. Inside, only loopback is up (the
-# ranks meet on 127.0.0.1, nothing else answers), every mount but /proc, /sys, /dev (and
-# /dev/shm) is read-only except the folders in SANDBOX_RW (the run's HOME, TMPDIR, working
-# folder), and no process outside can be seen or signalled. Root inside is an unprivileged
-# user's root: it cannot enter the machine's namespaces again.
-_INSIDE = """ip link set lo up || exit 97
-for d in $SANDBOX_RW; do mount --bind "$d" "$d" || exit 98; done
-awk '{print $2}' /proc/mounts | sort -u | while read -r m; do
-  case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac
-  for d in $SANDBOX_RW; do [ "$m" = "$d" ] && continue 2; done
-  mount -o remount,bind,ro "$m" 2>/dev/null
-done
-unset SANDBOX_RW
-exec "$@"
-"""
-SANDBOX = ("unshare", "--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--mount-proc",
-           "--", "sh", "-c", _INSIDE, "sandbox")
-SANDBOX_MISSING = ("no sandbox here: the namespaces cannot be made (unshare --user --net --mount --pid "
-                   "needs user namespaces, and ip)")
-# what a sandboxed run gets of this process's environment (no tokens, no credentials)
-SANDBOX_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "PYTHONUNBUFFERED",
-               "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NO_COLOR")
-
-
-def sandbox_works() -> bool:
-    """Can this machine make the sandbox (once per process)?"""
-    global _SANDBOX_OK
-    if _SANDBOX_OK is None:
-        import subprocess
-
-        try:
-            _SANDBOX_OK = subprocess.run([*SANDBOX, "true"], capture_output=True, timeout=30,
-                                         env={**os.environ, "SANDBOX_RW": ""}).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            _SANDBOX_OK = False
-    return _SANDBOX_OK
-
-
-_SANDBOX_OK: bool | None = None
-
-
 @dataclass(frozen=True)
 class Run:
     """One run. ``argv`` is the program and its arguments: a Python script run by ``python``
@@ -91,7 +51,8 @@ class Run:
     # "self" gives it --nodes N --ranks-per-node R (it launches its own), None: one node only
     peer_grace: float = 30.0
     check_replicas: str | None = None  # "epoch" or N: the replica check injected (inject/)
-    sandbox: bool | str = False  # untrusted code: True (the sandbox) or "network" (the network open)
+    sandbox: bool | str = False  # untrusted code: True (the sandbox, tools/sandbox.py), "network" (the
+    # same with the machine's network) or "none" (no sandbox: --allow-unsandboxed, said by the caller)
 
     def command(self) -> list[str]:
         if self.kind == "python":
@@ -224,52 +185,52 @@ class Launcher:
         return result
 
     def _sandboxed(self, run: Run) -> harness.RunResult:
-        """``run`` in the sandbox (``SANDBOX``), with a HOME, TMPDIR and (unless it has one)
-        working folder of its own, removed afterwards, and only ``SANDBOX_ENV`` of this process's
-        variables. ``sandbox="network"``: the same but the machine's network and file system
-        (where the namespaces cannot be made)."""
-        isolated = run.sandbox != "network"
-        if isolated and not sandbox_works():
-            return harness.RunResult(contract.FAIL, "error", SANDBOX_MISSING, 0.0, None)
+        """``run`` in the sandbox (``tools/sandbox.py``): only ``sandbox.PASSED_ENV`` of this
+        process's variables, a HOME, TMPDIR and working folder of its own on a size-limited
+        tmpfs, its logs capped. ``sandbox="none"``: a plain run (the caller's explicit choice)."""
+        if run.sandbox == "none":
+            return self.run(replace(run, sandbox=False))
+        why = sandbox.unavailable()
+        if why:
+            return harness.RunResult(contract.FAIL, "error", why, 0.0, None)
         if self.how.nodes > 1 and (run.kind != "python" or run.multinode != "torchrun"):
             return harness.RunResult(contract.SKIP, "skip", "several nodes in the sandbox: only a Python "
                                      "script a torchrun starts on each node", 0.0, None)
-        with tempfile.TemporaryDirectory(prefix="sandbox-") as tmp:
-            home, temp, work = (Path(tmp) / d for d in ("home", "tmp", "work"))
-            for d in (home, temp, work):
-                d.mkdir()
-            cwd = Path(run.cwd or work)
-            writable = [str(home), str(temp), str(cwd.resolve())]
-            report = run.env.get("WORKSPACE_CHECK_REPLICAS_REPORT")
-            if report:  # the replica check writes its reports there
-                Path(report).mkdir(parents=True, exist_ok=True)
-                writable.append(str(Path(report).resolve()))
+        env = {k: v for k, v in os.environ.items() if k in sandbox.PASSED_ENV}
+        env = {**env, **run.env}
+        if run.python:
+            env = harness.env_for(run.python, env)
+        outputs, visible = [], []
+        report = run.env.get("WORKSPACE_CHECK_REPLICAS_REPORT")
+        if report:  # the replica check writes its reports there
+            outputs.append(Path(report))
+        command, timeout, signature = run.command(), run.timeout, run.signature
+        with contextlib.ExitStack() as stack:
             nodes_log = None
             if self.how.nodes > 1 and run.kind == "python":  # tools.nodes inside writes the nodes' logs
-                # in a folder of the sandbox's own, copied out afterwards: the script can reach
-                # neither the run's other logs nor the file its judgement is read from
-                nodes_log = Path(tmp) / "nodes" / "job"
-                nodes_log.parent.mkdir()
-                writable.append(str(nodes_log.parent.resolve()))
-            env = {k: v for k, v in os.environ.items() if k in SANDBOX_ENV}
-            env = {**env, **run.env, "HOME": str(home), "TMPDIR": str(temp),
-                   "XDG_CACHE_HOME": str(home / ".cache"), "SANDBOX_RW": " ".join(writable)}
-            if run.python:
-                env = harness.env_for(run.python, env)
-            command, timeout = run.command(), run.timeout
-            if nodes_log is not None:  # the nodes of the job, launched inside: one sandbox for all
+                # into a folder handed back afterwards: the script can reach neither the run's
+                # other logs nor the file its judgement is read from
+                folder = harness.owned_tempdir("sandbox")
+                stack.callback(shutil.rmtree, folder, True)
+                nodes_log = folder / "nodes" / "job"
+                outputs.append(nodes_log.parent)
+                visible += [ROOT / "tools", ROOT / "repro", *sandbox.interpreter_folders(sys.executable)]
                 # the workspace on tools.nodes' own path only (not on the script's: its modules
                 # must not shadow the reporter's)
                 start = (f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
                          "runpy.run_module('tools.nodes', run_name='__main__', alter_sys=True)")
                 command = [sys.executable, "-c", start, "--nodes", str(self.how.nodes),
                            "--ranks-per-node", str(self.how.ranks_per_node), "--timeout", str(run.timeout),
-                           "--log", str(nodes_log.resolve()),
-                           *(["--signature", run.signature] if run.signature else []), "--", *command]
-                timeout = run.timeout + 60  # the job's own limit ends it first
-            argv = (*SANDBOX, *command) if isolated else tuple(command)
-            result = harness.run(list(argv), timeout=timeout, log_stem=run.log_stem, env=env, cwd=cwd,
-                                 signature=None if nodes_log else run.signature, peer_grace=run.peer_grace)
+                           "--log", str(nodes_log),
+                           *(["--signature", run.signature] if run.signature else []),
+                           "--", *command]
+                timeout, signature = run.timeout + 60, None  # the job's own limit ends it first
+            box = stack.enter_context(sandbox.Sandbox(
+                command, env, cwd=run.cwd, outputs=tuple(outputs), network=run.sandbox == "network",
+                visible=tuple(visible)))
+            result = box.judge(harness.run(box.argv, timeout=timeout, log_stem=run.log_stem,
+                                           env=box.outer_env, signature=signature,
+                                           peer_grace=run.peer_grace, log_limit=sandbox.LOG_LIMIT))
             if nodes_log is None:
                 return result
             if run.log_stem:  # the nodes' logs next to the run's: <stem>.node0.stdout, ...

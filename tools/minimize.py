@@ -135,7 +135,7 @@ class Config:
     fresh_process: bool
     confirm: int
     check_replicas: str | None = None  # the replica check injected: bad when replicas diverge
-    sandbox: bool = False  # every run in the launcher's sandbox (untrusted code)
+    sandbox: bool | str = False  # --sandbox[=network]: every run in the sandbox (untrusted code)
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
     max_runs: int | None = None  # --max-runs: a budget in candidate launches, for a reproducible end
     # --control-cell/--control-python/--control-env: where the bug is fixed; an interesting
@@ -158,9 +158,7 @@ def parse_args(argv: list[str]) -> Config:
                    help="the script prints the contract's verdict line (then no --signature)")
     contract.add_check_replicas(p)
     contract.add_nodes(p)
-    p.add_argument("--sandbox", action="store_true",
-                   help="every run in the launcher's sandbox (no network but loopback, a throwaway HOME "
-                        "and TMPDIR): for untrusted code")
+    contract.add_sandbox(p, "every run")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL})")
     where.add_argument("--python", help="run it with this interpreter (its environment as it is)")

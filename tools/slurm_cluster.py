@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools import contract
+from tools import contract, packages
 from tools.contract import BadInput
 
 
@@ -67,24 +66,7 @@ def _alive(daemon: str) -> int | None:
 
 
 def install(log=print) -> None:
-    missing = [b for b in BINARIES if not shutil.which(b)]
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise CannotStart(f"SLURM is not installed ({', '.join(missing)} missing) and cannot be installed "
-                       f"here ({'not root' if os.geteuid() else 'no apt-get'}): install the packages "
-                       f"{' '.join(PACKAGES)}")
-    log(f"[slurm] installing {' '.join(PACKAGES)} from the distribution's packages")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    quiet = {"env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, "capture_output": True,
-             "text": True}
-    done = subprocess.run(cmd, **quiet)
-    if done.returncode:  # package lists missing or stale
-        subprocess.run(["apt-get", "update", "-q"], **quiet)
-        done = subprocess.run(cmd, **quiet)
-    if done.returncode:
-        raise BadInput(f"apt-get could not install {' '.join(PACKAGES)}: "
-                       f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    packages.install(PACKAGES, BINARIES, "slurm", CannotStart, log)
 
 
 def memory_mb() -> int:

@@ -13,8 +13,10 @@ understood.
    drifting apart turns on the replica check (``--check-replicas``).
 2. **Run it safely**: pasted code is untrusted. A static check refuses downloads, shell-outs,
    ``eval``/``exec`` of built strings and writes outside the working folder (``--trust`` runs it
-   anyway); every run is in the launcher's sandbox (no network but loopback, a throwaway HOME,
-   TMPDIR and folder), or, where the machine cannot make one, only with ``--allow-network``. A
+   anyway): a courtesy that explains a refusal early, never the defence. Every run is in the
+   sandbox (``tools/sandbox.py``: bubblewrap, nobody inside, loopback only, the system read-only,
+   a throwaway HOME, TMPDIR and folder on a size-limited tmpfs); where the machine cannot make
+   one, nothing runs, unless ``--allow-unsandboxed`` says so. A
    GPU script is ported to the CPU (accelerator, ``.cuda()``, NCCL, 16-bit precision), shown as
    a diff.
 3. **Reproduce and locate**: ``--trials`` runs in the reporter's versions and in the newest
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -51,9 +54,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools import contract, envs, fingerprint, index, results
+from tools import contract, envs, fingerprint, index, results, sandbox
 from tools.contract import BadInput, HarnessFailure
-from tools.launcher import How, Launcher, Run, sandbox_works
+from tools.launcher import How, Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "issues"
@@ -83,6 +86,14 @@ class Issue:
     url: str | None = None
     comments: list[str] = field(default_factory=list)
 
+    @property
+    def folder(self) -> str:
+        """Its results folder: ``id`` for a URL; for a saved issue, its name and which file it is
+        (two ``issue.md`` of two folders are two triages; the same file triaged again resumes)."""
+        if ISSUE_URL.match(re.sub(r"[#?].*$", "", self.source)):
+            return self.id
+        return f"{self.id}-{hashlib.sha256(str(Path(self.source).resolve()).encode()).hexdigest()[:8]}"
+
 
 def read_issue(spec: str) -> Issue:
     match = ISSUE_URL.match(re.sub(r"[#?].*$", "", spec))
@@ -103,8 +114,15 @@ def read_issue(spec: str) -> Issue:
         if not isinstance(data, dict) or not isinstance(data.get("body"), (str, type(None))) \
                 or "body" not in data:
             raise BadInput(f"{spec}: not an issue as GitHub's API gives it (no 'body' text)")
-        return _issue(spec, data, path.stem)
-    return Issue(spec, path.stem, _first_heading(text) or path.stem, text)
+        return _issue(spec, data, _file_id(path))
+    return Issue(spec, _file_id(path), _first_heading(text) or path.stem, text)
+
+
+def _file_id(path: Path) -> str:
+    """A saved issue's results folder: its name, and which file it is (two ``issue.md`` of two
+    folders are two triages; the same file triaged again is the same one)."""
+
+    return f"{path.stem}-{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
 
 
 def _first_heading(text: str) -> str | None:
@@ -660,7 +678,7 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
         stem = out / "logs" / f"{cell.package}-{name}-torch{cell.torch}-{trial + 1}"
         r = launcher.run(Run((str(script),), python, env=env, timeout=args.timeout, signature=args.signature,
                              log_stem=stem, check_replicas=args.check_replicas,
-                             sandbox="network" if args.allow_network else True))
+                             sandbox=sandbox_mode(args)))
         verdict, reason = r.verdict, r.reason or ""
         logs = [Path(p) for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists()]
         logs += sorted(stem.parent.glob(f"{stem.name}.node*"))  # a job of several nodes: each one's
@@ -685,6 +703,46 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
 
 
 SEEN: dict[str, str] = {}  # a cell's label -> the output of its first bad run (for known bugs)
+
+
+def _cells_key(code: str, args) -> str:
+    """What a cell's runs depend on besides its versions: the script as run, how it is judged."""
+
+    said = json.dumps([code, args.signature, args.check_replicas, args.timeout, args.trials,
+                       list(getattr(args, "nodes", (1, 1))), sandbox_mode(args)])
+    return hashlib.sha256(said.encode()).hexdigest()
+
+
+def _earlier_cells(out: Path, code: str, args) -> list[dict]:
+    """The cells an earlier triage of the same input finished with the same script and judgement
+    (an interrupted or repeated triage resumes there)."""
+    try:
+        t = json.loads((out / "triage.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if t.get("cells_key") != _cells_key(code, args):
+        return []
+    return [c for c in t.get("cells") or [] if len(c.get("verdicts") or []) == args.trials]
+
+
+def _resume(cell: Cell, earlier: list[dict], out: Path) -> bool:
+    """``cell``'s runs from the earlier triage, when it made them all; its first bad run's output
+    read back from its logs."""
+    done = next((c for c in earlier if (c["label"], c["package"], c["lightning"], c["torch"]) ==
+                 (cell.label, cell.package, cell.lightning, cell.torch)), None)
+    if done is None:
+        return False
+    cell.verdicts, cell.reasons, cell.seconds = list(done["verdicts"]), list(done["reasons"]), done["seconds"]
+    cell.python = Path(done["python"]) if done.get("python") not in (None, "None") else None
+    if "bad" in cell.verdicts:
+        stem = out / "logs" / f"{cell.package}-{cell.lightning.replace(' ', '-')}-torch{cell.torch}-" \
+                              f"{cell.verdicts.index('bad') + 1}"
+        logs = [Path(f"{stem}.stdout"), Path(f"{stem}.stderr"),
+                *sorted(stem.parent.glob(f"{stem.name}.node*"))]
+        SEEN.setdefault(cell.label, "\n".join(p.read_text(errors="replace")[-200_000:] for p in logs
+                                               if p.exists()))
+    progress("run", f"{cell.label} cell: {cell.rate} bad, from the earlier triage of this input")
+    return True
 
 
 def master_cell(args, package: str, newest: str) -> Cell | None:
@@ -728,7 +786,7 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
     Lightning release fixed."""
     cmd = [sys.executable, "-m", "tools.bisect_cli", "--tier", "both" if args.repo else "releases",
            "--package", package, "--repro", str(script), "--torch", torch, "--oldest", oldest,
-           "--out", str(out / "bisect"), "--timeout", str(args.timeout), "--sandbox"]
+           "--out", str(out / "bisect"), "--timeout", str(args.timeout), *sandbox_flag(args)]
     if torch_axis:
         lightning, older, newer = torch_axis
         cmd[cmd.index("--tier") + 1] = "releases"
@@ -746,8 +804,6 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
         cmd.append(f"--check-replicas={args.check_replicas}")
     if args.repo:
         cmd += ["--repo", args.repo]
-    if args.allow_network:
-        cmd.remove("--sandbox")
     progress("bisect", shlex.join(cmd[2:]))
     proc = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     sys.stderr.write(proc.stderr)
@@ -761,6 +817,18 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
         return {"exit": proc.returncode, "markdown": None, "why": said.removeprefix("error: ")}
 
 
+def sandbox_mode(args) -> bool | str:
+    """What a run's ``sandbox`` is: the sandbox (True), with the machine's network ("network"),
+    or none at all ("none": ``--allow-unsandboxed``)."""
+    return "none" if args.allow_unsandboxed else "network" if args.allow_network else True
+
+
+def sandbox_flag(args) -> list[str]:
+    """The same for ``tools.bisect_cli`` and ``tools.minimize`` run as programs."""
+    mode = sandbox_mode(args)
+    return [] if mode == "none" else ["--sandbox=network"] if mode == "network" else ["--sandbox"]
+
+
 def _nodes_args(args) -> list[str]:
     n, r = getattr(args, "nodes", (1, 1))
     return ["--nodes", str(n), "--ranks-per-node", str(r)] if n > 1 else []
@@ -772,8 +840,7 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     target = out / "minimize"
     cmd = [sys.executable, "-m", "tools.minimize", str(script), "--python", str(python), "--budget",
            str(args.minimize_budget), "--out", str(target)]
-    if not args.allow_network:
-        cmd.append("--sandbox")
+    cmd += sandbox_flag(args)
     if args.signature:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
@@ -845,7 +912,7 @@ def fixed_by_series(script: Path, repro, cell_id: str, args, out: Path) -> dict:
     progress("known", f"the reporter's script without and with the series in {cell_id}")
     row = validate_patches.script_row(
         validate_patches.Script(script, args.signature, (cell_id,), "python", args.check_replicas,
-                                "network" if args.allow_network else True, getattr(args, "nodes", (1, 1))),
+                                sandbox_mode(args), getattr(args, "nodes", (1, 1))),
         cells[cell_id], series, out / "known")
     return {"repro": repro.name, "issue": repro.issue, "cell": cell_id, "patches": row["on_top_of"],
             "before": row["before"], "after": row["after"], "after_detail": row["after_detail"],
@@ -893,16 +960,47 @@ def _fence(code: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+# what a secret looks like, wherever it came from (a run's output reaches the comment's reasons)
+SECRETS = [re.compile(p) for p in (
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)",
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",  # GitHub
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",  # Slack
+    r"\b(?:sk|pk|rk)[-_](?:live|test|proj)?[-_]?[A-Za-z0-9_-]{20,}",  # OpenAI, Stripe, ...
+    r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face
+    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JSON web tokens
+    r"(?i)\b(?:password|passwd|secret|token|api[_-]?key|access[_-]?key)\b\s*[=:]\s*['\"]?[^\s'\",;]{6,}",
+    # lines of a password or shadow file: name:pw:uid:gid:... / name:hash:lastchange:...
+    r"\b[a-z_][a-z0-9_.-]*:[^:\s]*:\d+:\d+:[^:\n]*:[^:\n]*:[^:\s]*",
+    r"\b[a-z_][a-z0-9_.-]*:(?:\$[0-9a-z]+\$[^:\s]+|[!*]+[^:\s]*):\d+:",
+)]
+STATUS_CAP = 400  # characters of the comment's first line
+
+
 def _redact(text: str) -> str:
-    """No secret of this process's environment in a comment meant to be pasted publicly."""
+    """No secret in a comment meant to be pasted publicly: this process's secret variables, and
+    anything shaped like a key, a token or a password-file line."""
     for name, value in os.environ.items():
         if value and len(value) >= 8 and re.search(r"TOKEN|SECRET|PASSWORD|KEY", name):
             text = text.replace(value, f"[{name}]")
+    for pattern in SECRETS:
+        text = pattern.sub("[redacted]", text)
     return text
 
 
 def comment(t: dict) -> str:
-    return _redact(_public(_comment(t), t))
+    return _redact(_public(_comment(_redacted(t)), t))
+
+
+def _redacted(value):
+    """``value`` (the triage's record) with every text redacted, before any of it is cut short."""
+    if isinstance(value, str):
+        return _redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def _public(text: str, t: dict) -> str:
@@ -911,12 +1009,13 @@ def _public(text: str, t: dict) -> str:
     if t.get("repo"):
         text = text.replace(str(t["repo"]), "$LIGHTNING_REPO")
     if t.get("out"):
-        text = text.replace(str(t["out"]), f"results/triage/{t['id']}")
+        text = text.replace(str(t["out"]), f"results/triage/{t.get('folder') or t['id']}")
     return text.replace(f"{ROOT}{os.sep}", "")
 
 
 def _comment(t: dict) -> str:
-    lines = [f"**Triage:** {t['status']}", ""]
+    status = t["status"] if len(t["status"]) <= STATUS_CAP else t["status"][:STATUS_CAP - 1] + "…"
+    lines = [f"**Triage:** {status}", ""]
     if t.get("refused"):
         lines += ["The script was not run: it could reach outside its sandbox.", "",
                   *[f"- {r}" for r in t["refused"]], "",
@@ -985,7 +1084,7 @@ def _comment(t: dict) -> str:
                   m["code"].rstrip(), fence, "", "</details>", ""]
     if t.get("questions"):
         lines += ["Questions:", "", *[f"- {q}" for q in t["questions"]], ""]
-    lines += [f"Reproduce with: `nox -s triage -- {t['input']}`", "",
+    lines += [f"Reproduce with: `nox -s triage -- {t.get('reproduce') or t['input']}`", "",
               "If this triage is wrong, please say so here.", ""]
     return "\n".join(lines)
 
@@ -1014,7 +1113,10 @@ def parse_args(argv) -> argparse.Namespace:
                    help="the bisect's candidates tested at once per round (nox -s bisect --jobs)")
     p.add_argument("--trust", action="store_true", help="run a script the static check refuses")
     p.add_argument("--allow-network", action="store_true",
-                   help="run without the sandbox (where the machine cannot make one)")
+                   help="the sandbox with the machine's network (a script that downloads its data)")
+    p.add_argument("--allow-unsandboxed", action="store_true",
+                   help="run the pasted code without any sandbox, as you (where the machine cannot "
+                        "make one; read the script first)")
     p.add_argument("--out", help="results folder (default results/triage/<issue id>)")
     p.add_argument("--state", help="the bisect's verdict cache (default nox -s bisect's, shared: a "
                                    "re-run, or a bisect of the same script, runs no step twice)")
@@ -1035,7 +1137,7 @@ def triage(args) -> dict:
     SEEN.clear()  # what this triage's runs showed, not an earlier one's in the same process
     RUNS.clear()
     issue = read_issue(args.issue)
-    out = Path(args.out) if args.out else results.kind_dir("triage") / issue.id
+    out = Path(args.out) if args.out else results.kind_dir("triage") / issue.folder
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -1045,7 +1147,10 @@ def triage(args) -> dict:
         (s for c in issue.comments if (s := pick_script(code_blocks(c)))), None)
     tbs = tracebacks(text)
     said = stated_versions(issue)
-    t: dict = {"input": args.issue, "id": issue.id, "title": issue.title, "url": issue.url,
+    # the comment names the URL or the file's name, never a path of this machine
+    reproduce = issue.url or (args.issue if ISSUE_URL.match(args.issue) else Path(args.issue).name)
+    t: dict = {"input": args.issue, "id": issue.id, "folder": issue.folder, "title": issue.title,
+               "url": issue.url, "reproduce": reproduce,
                "versions_said": said, "tracebacks": tbs, "sandbox": None, "out": str(out.resolve()),
                "repo": args.repo}
     progress("read", f"{issue.title!r}: {'a script' if script else 'no script'}, {len(tbs)} traceback(s), "
@@ -1090,12 +1195,15 @@ def triage(args) -> dict:
     if refused and not args.trust:
         t.update(status="not run: the script could reach outside its sandbox", refused=refused)
         return _finish(t, out)
-    if not args.allow_network and not sandbox_works():
-        raise BadInput("this machine cannot make the sandbox (a network namespace: unshare --net); "
-                       "run with --allow-network to run the script without it")
-    t["sandbox"] = ("the machine's network and files, a throwaway HOME, TMPDIR and folder (--allow-network)"
-                    if args.allow_network else "new user, network, mount and process namespaces: only "
-                    "loopback, a read-only file system but a throwaway HOME, TMPDIR and folder")
+    why = None if args.allow_unsandboxed else sandbox.unavailable()
+    if why:
+        raise BadInput(f"{why}; nothing was run (--allow-unsandboxed runs the pasted code without it, "
+                       "as you)")
+    t["sandbox"] = ("none: the pasted code ran as this user, with its network and files (--allow-unsandboxed)"
+                    if args.allow_unsandboxed else
+                    "bubblewrap: nobody, no capabilities, seccomp, the system read-only, a throwaway HOME, "
+                    "TMPDIR and folder on a size-limited tmpfs, " +
+                    ("the machine's network (--allow-network)" if args.allow_network else "loopback only"))
     code, changes, diff = cpu_port(script.code)
     nodes = topology(code)
     if nodes[0] > 1:  # the script's own num_nodes, run as that many nodes of one job here
@@ -1125,10 +1233,13 @@ def triage(args) -> dict:
     master = master_cell(args, package, newest)
     if master is not None:
         cells.append(master)
+    earlier = _earlier_cells(out, code, args)
     with Launcher(How(nodes=nodes[0], ranks_per_node=nodes[1])) as launcher:
         for i, cell in enumerate(cells):
-            run_cell(cell, path, args, out, launcher, site, after=(len(cells) - i - 1) * args.trials)
+            if not _resume(cell, earlier, out):
+                run_cell(cell, path, args, out, launcher, site, after=(len(cells) - i - 1) * args.trials)
             t["cells"] = [{**asdict(c), "python": str(c.python), "rate": c.rate} for c in cells]
+            t["cells_key"] = _cells_key(code, args)
             _save(t, out)
     new = next(c for c in cells if c.label == "newest")
     old = cells[0] if cells[0].label == "reporter's" else None
