@@ -35,7 +35,7 @@ from pathlib import Path
 from tools.launcher import Launcher, Run
 from tools import sandbox
 r = Launcher().run(Run((sys.argv[2],), Path(sys.argv[4]), sandbox=True, log_stem=Path(sys.argv[3]),
-                       timeout=float(sys.argv[5])))
+                       timeout=float(sys.argv[5]), env=json.loads(sys.argv[6])))
 print(json.dumps({**r.to_dict(), "unavailable": sandbox.unavailable()}))
 """
 MODES = ["root", "user"]
@@ -75,13 +75,15 @@ class Attack:
         self.tools = tools_copy if self.drop else ROOT
         self.python = SYSTEM_PYTHON if self.drop else Path(sys.executable)
 
-    def run(self, code: str, env: dict | None = None, timeout: float = 60) -> tuple[dict, str, str]:
+    def run(self, code: str, env: dict | None = None, timeout: float = 60,
+            run_env: dict | None = None) -> tuple[dict, str, str]:
+        """``code`` run in the sandbox; ``env``: the launcher's variables, ``run_env``: the run's."""
         script = self.folder / "attack.py"
         script.write_text(code)
         script.chmod(0o644)
         stem = self.folder / "log"
         cmd = [str(self.python), "-c", DRIVER, str(self.tools), str(script), str(stem), str(self.python),
-               str(timeout)]
+               str(timeout), json.dumps(run_env or {})]
         if self.drop:
             cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=self.folder,
@@ -211,6 +213,12 @@ try:
     print("raw socket made")
 except OSError as err:
     print("raw:", err)
+for family, number in (("AF_VSOCK", 40), ("AF_PACKET", 17), ("AF_BLUETOOTH", 31), ("AF_ALG", 38)):
+    try:
+        socket.socket(number, socket.SOCK_SEQPACKET if family == "AF_ALG" else socket.SOCK_STREAM)
+        print("made", family)
+    except OSError as err:
+        print("refused", family, err.errno)
 own = socket.socket(); own.bind(("127.0.0.1", 0)); own.listen()
 socket.create_connection(own.getsockname(), timeout=3).close()
 print("own loopback ok")
@@ -225,7 +233,8 @@ print("own loopback ok")
             s.close()
         shutil.rmtree(folder, ignore_errors=True)
     assert heard == [], (heard, out)
-    assert "reached" not in out and "raw socket made" not in out, out
+    assert "reached" not in out and "raw socket made" not in out and "made AF_" not in out, out
+    assert "refused AF_VSOCK 97" in out, out  # EAFNOSUPPORT: vsock crosses network namespaces
     assert "own loopback ok" in out, (out, err)
 
 
@@ -271,7 +280,8 @@ def test_dev_and_shm_are_its_own_and_nothing_it_writes_stays(attack):
     code = f"""
 import os
 for path in ("/dev/shm/{name}", "/dev/{name}", os.path.join(os.environ["HOME"], "{name}"),
-             os.path.join(os.environ["TMPDIR"], "{name}"), "/tmp/{name}", "{name}"):
+             os.path.join(os.environ["TMPDIR"], "{name}"), "/tmp/{name}", "{name}", "/{name}",
+             "/etc/{name}", "/sandbox/{name}", "/sys/{name}"):
     try:
         open(path, "w").write("x")
         print("wrote", path)
@@ -280,6 +290,8 @@ for path in ("/dev/shm/{name}", "/dev/{name}", os.path.join(os.environ["HOME"], 
 """
     result, out, err = attack.run(code)
     assert "refused /dev/" in out and "wrote /dev/shm/" in out, out
+    for root_level in (f"/{name}", f"/etc/{name}", f"/sandbox/{name}", f"/sys/{name}"):  # its /, read-only
+        assert f"refused {root_level} " in out, (root_level, out)
     for place in (Path("/dev/shm"), Path("/tmp"), Path(tempfile.gettempdir()), Path.home(), attack.folder):
         assert not (place / name).exists(), place
 
@@ -352,7 +364,7 @@ except OSError as err:
 def test_memory_past_the_limit_is_could_not_test_where_cgroups_allow(attack):
     if attack.mode != "root":
         pytest.skip("the memory cgroups are root's here")
-    memory, made = sandbox._cgroups(f"probe-{os.getpid()}")
+    memory, _, made = sandbox._cgroups(f"probe-{os.getpid()}")
     for group in made:
         group.rmdir()
     if not memory:
@@ -370,12 +382,15 @@ import os
 print("token", os.environ.get("GITHUB_TOKEN"))
 print("home", os.environ["HOME"], os.path.exists(os.path.expanduser("~/.ssh")))
 print("listing /root", os.path.isdir("/root") and os.listdir("/root"))
+print("variables", sorted(os.environ))
 """
     result, out, err = attack.run(code, env={"GITHUB_TOKEN": "ghp_not_a_real_token_0123456789abcdef"})
     assert "token None" in out
     assert "home /sandbox/home False" in out
     listed = out.split("listing /root ")[1].splitlines()[0]
     assert listed in ("False", "[]", "['.pyenv']"), listed  # at most the interpreter's folder
+    names = eval(out.split("variables ")[1].splitlines()[0])  # noqa: S307  (our own print)
+    assert not [n for n in names if n.startswith(("SANDBOX_", "HARNESS_", "OLDPWD", "GITHUB"))], names
 
 
 # -- what a SIGKILLed owner leaves ------------------------------------------------------------------
@@ -412,3 +427,102 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
     finally:
         owner.kill()
         shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_what_the_code_inside_exits_with_or_prints_is_never_a_harness_failure(attack):
+    """A malformed verdict line, an exit status above 128, a death by a signal: the script's own
+    doing, "could not test" (a bisect goes on), never "the harness failed" and never a crash."""
+    for code, reason in (
+            ('print(\'{"verdict": "skip", "exit_code": 125, "details": []}\')\nraise SystemExit(125)', None),
+            ("raise SystemExit(200)", "the script exited 200"),
+            ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV")):
+        result, out, err = attack.run(code)
+        assert result["verdict"] == "skip", (code, result)
+        if reason:
+            assert result["reason"] == reason, result
+
+
+def test_a_text_about_a_full_disk_is_not_a_full_disk(attack):
+    result, out, err = attack.run("print('OSError: [Errno 28] No space left on device')\n")
+    assert result["verdict"] == "good", result
+
+
+def test_the_privileged_helpers_are_never_taken_from_the_runs_path(attack, tmp_path):
+    """setpriv and prlimit run inside with the capabilities to drop to nobody: a program of that
+    name early on the run's PATH (an environment's bin) must not be the one run."""
+    fake = attack.folder / "bin"
+    fake.mkdir()
+    fake.chmod(0o755)
+    marker = Path(tempfile.gettempdir()) / f"ws-fake-helper-{os.getpid()}"
+    for name in ("setpriv", "prlimit"):
+        (fake / name).write_text(f"#!/bin/sh\ntouch {marker}\nexec /usr/bin/{name} \"$@\"\n")
+        (fake / name).chmod(0o755)
+    path = f"{fake}{os.pathsep}{os.environ['PATH']}"
+    result, out, err = attack.run("print('ran')\n", run_env={"PATH": path})
+    assert "ran" in out, (result, err)
+    assert not marker.exists()
+
+
+def test_a_sandbox_that_cannot_be_built_is_a_harness_failure_not_the_scripts(tmp_path, monkeypatch):
+    """Its working folder does not fit on its disk: the script never ran, so no return code (the
+    callers stop: a harness failure), and the reason says so."""
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    monkeypatch.setattr(sandbox, "DISK", 8 << 20)
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    (work / "big").write_bytes(b"x" * (16 << 20))
+    tmp_path.chmod(0o755)
+    work.chmod(0o755)
+    with sandbox.Sandbox(["/bin/true"], {"PATH": "/usr/bin:/bin"}, cwd=work) as box:
+        result = box.judge(harness.run(box.argv, timeout=60, env=box.outer_env, log_stem=tmp_path / "log",
+                                       exit_is_signal=True))
+    assert result.code == 128 and result.returncode is None, result
+    assert result.reason.startswith("the sandbox could not be built: sandbox setup failed: cannot copy"), \
+        result
+
+
+def test_only_the_named_outputs_come_back_capped_in_number_and_size(tmp_path, monkeypatch):
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    monkeypatch.setattr(sandbox, "OUTPUT_CAP", 1 << 20)
+    monkeypatch.setattr(sandbox, "OUTPUT_FILES", 5)
+    tmp_path.chmod(0o755)
+    out = tmp_path / "reports"
+    script = tmp_path / "write.py"
+    script.write_text(f"""
+import os
+for i in range(20):
+    open(os.path.join({str(out)!r}, f"{{i}}.json"), "w").write("{{}}")
+open(os.path.join({str(out)!r}, "0.json"), "w").write("x" * (3 << 20))
+open(os.path.join({str(out)!r}, "other.txt"), "w").write("not asked for")
+os.symlink("/etc/passwd", os.path.join({str(out)!r}, "link.json"))
+os.mkfifo(os.path.join({str(out)!r}, "fifo.json"))
+""")
+    script.chmod(0o644)
+    with sandbox.Sandbox([sys.executable, str(script)], {"PATH": "/usr/bin:/bin"},
+                         outputs=((out, "*.json"),)) as box:
+        result = box.judge(harness.run(box.argv, timeout=60, env=box.outer_env, log_stem=tmp_path / "log",
+                                       exit_is_signal=True))
+    assert result.verdict == "good", (result, (tmp_path / "log.stderr").read_text())
+    back = sorted(p.name for p in out.iterdir())
+    assert len(back) == 5 and all(name.endswith(".json") for name in back), back
+    assert "link.json" not in back and "fifo.json" not in back
+    assert (out / "0.json").stat().st_size == 1 << 20  # its end, cut to the cap
+
+
+def test_a_lightning_checkout_a_run_is_given_is_visible_and_a_missing_one_is_said(attack, tmp_path):
+    """A commit bisect's run imports Lightning from a checkout (``WORKSPACE_LIGHTNING_SRC``): the
+    sandbox shows it; where it is not there the run cannot test, never the installed release."""
+    src = attack.folder / "checkout" / "src"
+    (src / "lightning").mkdir(parents=True)
+    for p in (attack.folder / "checkout", src, src / "lightning"):
+        p.chmod(0o755)
+    inject = ROOT / "tools" / "inject" if attack.tools == ROOT else attack.tools / "tools" / "inject"
+    env = {"PYTHONPATH": str(inject), "WORKSPACE_LIGHTNING_SRC": str(src)}
+    result, out, err = attack.run(f"import os\nprint('seen', os.path.isdir({str(src)!r}))\n", run_env=env)
+    assert "seen True" in out, (out, err)
+    env["WORKSPACE_LIGHTNING_SRC"] = str(attack.folder / "gone" / "src")
+    result, out, err = attack.run("print('ran the release')\n", run_env=env)
+    assert "ran the release" not in out
+    assert result["verdict"] == "skip" and "is not there" in result["reason"], result

@@ -41,10 +41,19 @@ def parse_verdict_line(stdout: str) -> dict | None:
             record = json.loads(line)
         except ValueError:
             return None
-        if isinstance(record, dict) and "verdict" in record and "exit_code" in record:
-            return record
-        return None
+        return record if _well_formed(record) else None
     return None
+
+
+def _well_formed(record) -> bool:
+    """A verdict record whose fields have the contract's types (a line printed by any code may
+    look like one: a malformed one is no verdict, never a crash of the judge)."""
+    if not isinstance(record, dict) or not isinstance(record.get("verdict"), str) \
+            or type(record.get("exit_code")) is not int:
+        return False
+    details = record.get("details", {})
+    return isinstance(details, dict) and isinstance(details.get("reason"), str | None) \
+        and isinstance(record.get("signature"), str | None)
 
 
 @dataclass(frozen=True)

@@ -189,11 +189,13 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
 
 def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
         env: dict | None = None, cwd: str | Path | None = None, peer_grace: float = 30.0,
-        signature: str | None = None, stop=None, log_limit: int | None = None) -> RunResult:
+        signature: str | None = None, stop=None, log_limit: int | None = None,
+        exit_is_signal: bool = False) -> RunResult:
     """Run ``cmd`` (a repro) and judge it by the contract (``contract.judge``): exit 1 is bad
     only with a verdict line saying so or with ``signature``, a regex found in its output (for
     a user's own script that prints no verdict line). ``log_limit``: bytes of each stream kept
-    in the log files (untrusted code must not fill the disk through them)."""
+    in the log files (untrusted code must not fill the disk through them). ``exit_is_signal``:
+    ``cmd`` reports a death by signal N as exit 128 + N, as a shell or a sandbox does."""
     def start(out, err, ranks_file, _readers, run_id):
         child_env = {**(os.environ if env is None else env), RANKS_FILE: ranks_file, RUN_ID: run_id}
         _take_sigint_back()
@@ -205,7 +207,7 @@ def run(cmd: list[str], *, timeout: float, log_stem: str | Path | None = None,
                                 env=child_env, cwd=cwd, start_new_session=True)
 
     return _supervise(start, timeout=timeout, log_stem=log_stem, peer_grace=peer_grace,
-                      signature=signature, stop=stop, log_limit=log_limit)
+                      signature=signature, stop=stop, log_limit=log_limit, exit_is_signal=exit_is_signal)
 
 
 def run_forked(target, *, timeout: float, log_stem: str | Path | None = None,
@@ -460,11 +462,11 @@ class _Sink:
         if self.limit is None:
             self.files[i].write(data)
             return
-        room = self.limit - self.written[i]
-        if room > 0:
-            self.files[i].write(data[:room])
-            if len(data) >= room:
-                self.files[i].write(f"\n[the log stops here: its limit is {self.limit >> 20} MiB]\n".encode())
+        before, after = self.written[i], self.written[i] + len(data)
+        if before < self.limit:
+            self.files[i].write(data[:self.limit - before])
+        if before <= self.limit < after:  # the first byte past the limit: said once
+            self.files[i].write(f"\n[the log stops here: its limit is {self.limit >> 20} MiB]\n".encode())
         self.written[i] += len(data)
 
     def close(self) -> tuple[str, str]:
@@ -492,7 +494,8 @@ def _log_failure(err: OSError, where: Path | None) -> str:
             "verdict")
 
 
-def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None, log_limit=None) -> RunResult:
+def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None, log_limit=None,
+               exit_is_signal=False) -> RunResult:
     sweep()
     log_stem = Path(log_stem) if log_stem else None
     out_path = err_path = None
@@ -546,6 +549,8 @@ def _supervise(start, *, timeout, log_stem, peer_grace, signature, stop=None, lo
         return RunResult(contract.FAIL, "error", _log_failure(sink.error, log_stem and log_stem.parent),
                          seconds, proc.returncode, stdout_path=str(out_path), stderr_path=str(err_path),
                          leftovers=leftovers)
+    if exit_is_signal and proc.returncode is not None and 128 < proc.returncode <= 128 + 64:
+        proc.returncode = -(proc.returncode - 128)
     j = contract.judge(proc.returncode, stdout, stderr, signature=signature, stopped=why,
                        timeout=timeout, seen=sink.seen)
     reason = j.reason

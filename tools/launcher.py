@@ -203,7 +203,7 @@ class Launcher:
         outputs, visible = [], []
         report = run.env.get("WORKSPACE_CHECK_REPLICAS_REPORT")
         if report:  # the replica check writes its reports there
-            outputs.append(Path(report))
+            outputs.append((Path(report), "*.json"))
         command, timeout, signature = run.command(), run.timeout, run.signature
         with contextlib.ExitStack() as stack:
             nodes_log = None
@@ -213,7 +213,7 @@ class Launcher:
                 folder = harness.owned_tempdir("sandbox")
                 stack.callback(shutil.rmtree, folder, True)
                 nodes_log = folder / "nodes" / "job"
-                outputs.append(nodes_log.parent)
+                outputs.append((nodes_log.parent, f"{nodes_log.name}.node*"))
                 visible += [ROOT / "tools", ROOT / "repro", *sandbox.interpreter_folders(sys.executable)]
                 # the workspace on tools.nodes' own path only (not on the script's: its modules
                 # must not shadow the reporter's)
@@ -230,7 +230,8 @@ class Launcher:
                 visible=tuple(visible)))
             result = box.judge(harness.run(box.argv, timeout=timeout, log_stem=run.log_stem,
                                            env=box.outer_env, signature=signature,
-                                           peer_grace=run.peer_grace, log_limit=sandbox.LOG_LIMIT))
+                                           peer_grace=run.peer_grace, log_limit=sandbox.LOG_LIMIT,
+                                           exit_is_signal=True))
             if nodes_log is None:
                 return result
             if run.log_stem:  # the nodes' logs next to the run's: <stem>.node0.stdout, ...
@@ -252,14 +253,19 @@ class Launcher:
 
 def _job_result(outer: harness.RunResult) -> harness.RunResult:
     """The judgement ``tools.nodes`` printed inside the sandbox (its last stdout line), as the
-    run's; the sandbox's own result when there is none (it could not start the job)."""
+    run's; the sandbox's own result when there is none (it could not start the job). The code
+    inside could print that line too: only a well-formed one counts, a verdict of the contract
+    (never a harness failure), its reason cut short."""
     try:
         lines = Path(outer.stdout_path).read_text(errors="replace").strip().splitlines()
         job = json.loads(lines[-1]) if lines else None
     except (OSError, TypeError, ValueError):
         job = None
-    if not isinstance(job, dict) or "code" not in job:
+    if not isinstance(job, dict) or job.get("code") not in contract.NAMES \
+            or not isinstance(job.get("reason"), str | None):
         return outer
-    return harness.RunResult(job["code"], job["verdict"], job.get("reason"), outer.seconds, outer.returncode,
-                             job.get("record"), stdout_path=outer.stdout_path, stderr_path=outer.stderr_path,
-                             leftovers=outer.leftovers, final=job.get("final", False))
+    code, record = job["code"], job.get("record")
+    return harness.RunResult(code, contract.name(code), (job.get("reason") or "")[:500] or None,
+                             outer.seconds, outer.returncode, record if isinstance(record, dict) else None,
+                             stdout_path=outer.stdout_path, stderr_path=outer.stderr_path,
+                             leftovers=outer.leftovers, final=job.get("final") is True)

@@ -44,19 +44,21 @@ from tools import contract, harness, packages
 
 
 def _mib(name: str, default: int) -> int:
-    """A limit in MiB from the variable ``name`` (a machine with other needs sets it), in bytes."""
+    """A limit (in MiB, or a count) from the variable ``name`` (a machine with other needs sets
+    it), in bytes."""
     try:
         return max(1, int(os.environ.get(name, default))) << 20
     except ValueError:
-        raise contract.BadInput(f"{name} must be a whole number of MiB") from None
+        raise contract.BadInput(f"{name} must be a whole number") from None
 
 
 DISK = _mib("WORKSPACE_SANDBOX_DISK_MIB", 1024)  # HOME, TMPDIR, /dev/shm and the working folder together
 MEMORY = _mib("WORKSPACE_SANDBOX_MEMORY_MIB", 8192)  # where the cgroups allow
 LOG_LIMIT = _mib("WORKSPACE_SANDBOX_LOG_MIB", 64)  # of stdout and of stderr, kept in the run's logs
-OUTPUT_CAP = 16 << 20  # bytes of each file handed back
+OUTPUT_CAP = 16 << 20  # bytes of each file handed back (its end: a log's traceback is there)
+OUTPUT_FILES = 64  # files handed back, at most
 # processes and threads: a cgroup's pids.max where the cgroups allow, and RLIMIT_NPROC (per user)
-PIDS = int(os.environ.get("WORKSPACE_SANDBOX_PIDS", 2048))
+PIDS = _mib("WORKSPACE_SANDBOX_PIDS", 2048) >> 20
 UID = GID = 65534  # nobody: who a run started by root is inside
 HOME, TMP, WORK = "/sandbox/home", "/sandbox/tmp", "/sandbox/work"
 SETUP_FAILED = 97  # the trusted shell could not build the sandbox (never a verdict)
@@ -69,6 +71,7 @@ PASSED_ENV = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
        "localtime", "os-release", "mime.types")
+NETWORK_ETC = ("resolv.conf", "host.conf", "gai.conf", "ssl", "ca-certificates", "ca-certificates.conf")
 # refused with EPERM inside: what changes mounts or namespaces, debugs or loads into the kernel
 DENIED = ("mount", "umount", "umount2", "pivot_root", "chroot", "setns", "unshare", "ptrace",
           "process_vm_readv", "process_vm_writev", "bpf", "perf_event_open", "userfaultfd",
@@ -78,6 +81,9 @@ DENIED = ("mount", "umount", "umount2", "pivot_root", "chroot", "setns", "unshar
           "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
           "io_uring_setup", "io_uring_enter", "io_uring_register", "personality")
 CLONE_NEWUSER, TIOCSTI = 0x10000000, 0x5412
+# socket families refused inside (and every one from 17 on): all but AF_UNIX (1), AF_INET (2),
+# AF_INET6 (10) and AF_NETLINK (16); AF_VSOCK (40) reaches the host whatever the namespaces
+SOCKET_FAMILIES_DENIED = (0, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15)
 
 # The trusted shell, in a mount namespace of its own: the tmpfs over the sandbox's folder, the
 # cgroups, the working folder copied in; then bubblewrap ("$@"); then, everything inside dead,
@@ -85,21 +91,23 @@ CLONE_NEWUSER, TIOCSTI = 0x10000000, 0x5412
 OUTER = r"""
 set -u
 fail() { echo "sandbox setup failed: $1" >&2; exit 97; }
-for cg in $SANDBOX_CGROUPS; do echo $$ > "$cg/cgroup.procs" || fail "cannot join $cg"; done
+printf '%s\n' "$SANDBOX_CGROUPS" | while IFS= read -r cg; do
+  [ -z "$cg" ] || echo $$ > "$cg/cgroup.procs" || exit 1; done || fail "cannot join its cgroups"
 mount -t tmpfs -o "size=$SANDBOX_DISK,mode=0755,nosuid,nodev" sandbox "$SANDBOX_DIR" || fail "no tmpfs"
 cd "$SANDBOX_DIR" || fail "no folder"
 mkdir home tmp work shm out || fail "mkdir"
 if [ -n "$SANDBOX_CWD" ]; then cp -a -- "$SANDBOX_CWD/." work/ || fail "cannot copy the working folder"; fi
-i=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS= read -r host; do
-  [ -n "$host" ] && { mkdir "out/$i" || exit 1; }; i=$((i + 1)); done || fail "mkdir"
+i=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS= read -r line; do
+  [ -n "$line" ] && { mkdir "out/$i" || exit 1; }; i=$((i + 1)); done || fail "mkdir"
 chmod 1777 tmp shm || fail "chmod"
 [ "$SANDBOX_OWNER" = "" ] || chown -R "$SANDBOX_OWNER" home work out || fail "chown"
 "$@" 3<"$SANDBOX_SECCOMP" 4>"$SANDBOX_STATUS"
 rc=$?
-i=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS= read -r host; do
+i=0; n=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS="$(printf '\t')" read -r pattern host; do
   [ -n "$host" ] || continue
-  for f in "out/$i"/*; do
-    [ -f "$f" ] && [ ! -h "$f" ] && head -c "$SANDBOX_OUTPUT_CAP" -- "$f" > "$host/${f##*/}"
+  for f in "out/$i"/$pattern; do
+    [ "$n" -lt "$SANDBOX_OUTPUT_FILES" ] || break
+    [ -f "$f" ] && [ ! -h "$f" ] && tail -c "$SANDBOX_OUTPUT_CAP" -- "$f" > "$host/${f##*/}" && n=$((n + 1))
   done
   i=$((i + 1)); done
 set -- $(stat -f -c "%b %a %S" .)
@@ -134,7 +142,8 @@ def unavailable() -> str | None:
 
 
 def _probe() -> str | None:
-    missing = [b for b in ("bwrap", "unshare", "setpriv", "prlimit") if not shutil.which(b)]
+    missing = [b for b in ("bwrap", "unshare", "setpriv", "prlimit")
+               if not shutil.which(b, path="/usr/sbin:/usr/bin:/sbin:/bin")]
     if missing:
         return (f"no sandbox here: {', '.join(missing)} not installed (`nox -s sandbox_up` as root "
                 f"installs {PACKAGE})")
@@ -167,7 +176,8 @@ def seccomp_filter() -> bytes:
     """The compiled (BPF) filter for this machine's architecture, made by libseccomp: every
     syscall allowed but ``DENIED`` (EPERM), ``clone`` with a new user namespace (EPERM),
     ``clone3`` (ENOSYS: its flags cannot be inspected, and the C library then falls back to
-    ``clone``) and the ``TIOCSTI`` ioctl (typing into a terminal). OSError without libseccomp."""
+    ``clone``), sockets of other families than unix, IPv4, IPv6 and netlink (EAFNOSUPPORT) and
+    the ``TIOCSTI`` ioctl (typing into a terminal). OSError without libseccomp."""
     if _FILTER:
         return _FILTER[0]
     name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
@@ -179,7 +189,7 @@ def seccomp_filter() -> bytes:
                                            ctypes.c_uint, ctypes.POINTER(_ArgCmp)]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
-    allow, masked_eq = 0x7FFF0000, 7
+    allow, equal, at_least, masked_eq = 0x7FFF0000, 4, 5, 7
 
     def refuse(err: int) -> int:
         return 0x00050000 | err  # SCMP_ACT_ERRNO
@@ -200,6 +210,9 @@ def seccomp_filter() -> bytes:
             rule(refuse(errno.EPERM), syscall)
         rule(refuse(errno.EPERM), "clone", _ArgCmp(0, masked_eq, CLONE_NEWUSER, CLONE_NEWUSER))
         rule(refuse(errno.ENOSYS), "clone3")
+        for family in SOCKET_FAMILIES_DENIED:  # loopback only: no vsock, no bluetooth, no kernel crypto
+            rule(refuse(errno.EAFNOSUPPORT), "socket", _ArgCmp(0, equal, family, 0))
+        rule(refuse(errno.EAFNOSUPPORT), "socket", _ArgCmp(0, at_least, 17, 0))
         rule(refuse(errno.EPERM), "ioctl", _ArgCmp(1, masked_eq, 0xFFFFFFFF, TIOCSTI))
         read, write = os.pipe()
         try:
@@ -221,6 +234,14 @@ def seccomp_filter() -> bytes:
 
 
 # -- one sandboxed run -------------------------------------------------------------------------------
+
+def _which(program: str) -> str:
+    """A program of the system's (the privileged helpers: never one found on a run's PATH)."""
+    found = shutil.which(program, path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if not found:
+        raise Unavailable(f"no sandbox here: {program} not installed")
+    return found
+
 
 def interpreter_folders(python: str | Path) -> list[Path]:
     """What an interpreter needs to run: its environment (a venv's folder) and the installation
@@ -248,67 +269,67 @@ def _nested_out(paths) -> list[Path]:
     return kept
 
 
-def _cgroups(name: str) -> tuple[list[Path], list[Path]]:
-    """Cgroups of this process's own, made for one run with its limits (memory, pids), where
-    this machine lets us (v1 hierarchies or v2); (memory ones, all)."""
-    made, memory = [], []
+def _cgroup_parents() -> list[tuple[Path, list[tuple[str, int]]]]:
+    """This process's own cgroups that can limit memory or processes (v1 hierarchies or v2),
+    each with the limits to write into a child of it."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return [], []
+        return []
+    found = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        wanted = []
-        if controllers == "":  # v2
+        if controllers == "":  # v2: where the memory and pids controllers are enabled for children
             base = next((b for b in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"))
                          if (b / "cgroup.controllers").exists()), None)
             if base is None:
                 continue
-            have = (base / path.lstrip("/") / "cgroup.subtree_control")
-            enabled = have.read_text().split() if have.exists() else []
-            wanted = [(f, v) for c, f, v in (("memory", "memory.max", MEMORY), ("pids", "pids.max", PIDS))
+            control = base / path.lstrip("/") / "cgroup.subtree_control"
+            enabled = control.read_text().split() if control.exists() else []
+            limits = [(f, v) for c, f, v in (("memory", "memory.max", MEMORY), ("pids", "pids.max", PIDS))
                       if c in enabled]
-            if not wanted:
-                continue
+        elif "memory" in controllers.split(","):
+            base, limits = Path("/sys/fs/cgroup/memory"), [("memory.limit_in_bytes", MEMORY)]
+        elif "pids" in controllers.split(","):
+            base, limits = Path("/sys/fs/cgroup/pids"), [("pids.max", PIDS)]
         else:
-            names = controllers.split(",")
-            base = None
-            if "memory" in names:
-                base, wanted = Path("/sys/fs/cgroup/memory"), [("memory.limit_in_bytes", MEMORY)]
-            elif "pids" in names:
-                base, wanted = Path("/sys/fs/cgroup/pids"), [("pids.max", PIDS)]
-            if base is None or not base.is_dir():
-                continue
-        group = base / path.lstrip("/") / name
+            continue
+        parent = base / path.lstrip("/")
+        if limits and parent.is_dir():
+            found.append((parent, limits))
+    return found
+
+
+def _cgroups(name: str) -> tuple[list[Path], list[Path]]:
+    """Cgroups made for one run, with its limits, where this machine lets us: (those that limit
+    memory, those that limit processes, all)."""
+    memory, pids, made = [], [], []
+    for parent, limits in _cgroup_parents():
+        group = parent / name
         try:
             group.mkdir()
         except OSError:
             continue
         try:
-            for file, value in wanted:
+            for file, value in limits:
                 (group / file).write_text(str(value))
         except OSError:
             group.rmdir()
             continue
         made.append(group)
-        if any(f.startswith("memory") for f, _ in wanted):
+        files = [f for f, _ in limits]
+        if any(f.startswith("memory") for f in files):
             memory.append(group)
-    return memory, made
+        if "pids.max" in files:
+            pids.append(group)
+    return memory, pids, made
 
 
 def sweep_cgroups(log=print) -> None:
     """Remove the cgroups of sandboxes whose owner process is gone (a SIGKILLed triage)."""
-    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids"),
-                 Path("/sys/fs/cgroup/unified")):
-        try:
-            lines = Path("/proc/self/cgroup").read_text().splitlines()
-        except OSError:
-            return
-        for line in lines:
-            parent = root / line.split(":", 2)[2].lstrip("/")
-            for group in parent.glob("sandbox-*") if parent.is_dir() else ():
-                if harness.owner_alive(group.name):
-                    continue
+    for parent, _ in _cgroup_parents():
+        for group in parent.glob("sandbox-*"):
+            if not harness.owner_alive(group.name):
                 try:
                     group.rmdir()
                     log(f"[sweep] removed the cgroup {group} of a sandbox whose owner is gone")
@@ -335,8 +356,10 @@ class Sandbox:
     under the harness); ``judge`` corrects the harness's result (a disk or memory limit reached
     is "could not test", a sandbox that could not be built a harness failure). ``cwd``: a folder
     whose copy the run starts in (else an empty one); ``visible``: more folders it may read;
-    ``outputs``: host folders the run writes into (at the same path inside), handed back after
-    it; ``network``: the machine's network instead of loopback only."""
+    ``outputs``: (host folder, file pattern) pairs: the run writes into the folder (at the same
+    path inside), and the files that match come back after it (``OUTPUT_FILES`` at most, the
+    last ``OUTPUT_CAP`` bytes of each, regular files only); ``network``: the machine's network
+    instead of loopback only."""
 
     command: list[str]
     env: dict
@@ -372,23 +395,26 @@ class Sandbox:
         root = os.geteuid() == 0
         if root:
             self._readable()
-        for out in self.outputs:
-            if "\n" in str(out):
-                raise contract.BadInput(f"a folder with a line break in its name: {out!r}")
+        for out, _ in self.outputs:
+            if "\n" in str(out) or "\t" in str(out):
+                raise contract.BadInput(f"a folder with a line break or tab in its name: {out!r}")
             Path(out).mkdir(parents=True, exist_ok=True)
-        mnt = self.folder / "mnt"
-        mnt.mkdir()
+        inside = self.folder / "mnt"
+        inside.mkdir()
         (self.folder / "seccomp.bpf").write_bytes(seccomp_filter())
+        pids_groups = []
         if root:
             sweep_cgroups()
-            self.memory_groups, self.groups = _cgroups(self.folder.name)
+            self.memory_groups, pids_groups, self.groups = _cgroups(self.folder.name)
         env = {**self.env, "HOME": HOME, "TMPDIR": TMP, "XDG_CACHE_HOME": f"{HOME}/.cache",
                "USER": "nobody" if root else os.environ.get("USER", "user")}
         workdir = str(self.cwd) if self.cwd else WORK
-        bwrap = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+        bwrap = [_which("bwrap"), "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
                  "--die-with-parent", "--hostname", "sandbox", "--seccomp", "3", "--json-status-fd", "4",
                  *([] if self.network else ["--unshare-net"])]
-        if not root:
+        if root:  # privileged bwrap keeps only what setpriv needs to drop to nobody
+            bwrap += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        else:
             bwrap += ["--unshare-user", "--disable-userns"]
         bwrap += ["--proc", "/proc", "--dev", "/dev"]
         for path in SYSTEM:
@@ -400,37 +426,39 @@ class Sandbox:
         hosts = self.folder / "hosts"  # the sandbox's own name resolves (gloo looks it up)
         hosts.write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
         bwrap += ["--ro-bind", str(hosts), "/etc/hosts"]
-        for name in ETC:
+        for name in ETC + (NETWORK_ETC if self.network else ()):
             bwrap += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for folder in ("/sys", "/sys/devices", "/sys/devices/system"):
             bwrap += ["--perms", "0755", "--dir", folder]
         bwrap += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-        inside = self.folder / "mnt"
         bwrap += ["--bind", f"{inside}/shm", "/dev/shm", "--remount-ro", "/dev"]
-        bwrap += self._mounts(inside, workdir)
+        bwrap += [*self._mounts(inside, workdir), "--remount-ro", "/"]  # (unprivileged, / would be its own)
+        bwrap += ["--clearenv"]
         for key in sorted(env):
             bwrap += ["--setenv", key, str(env[key])]
         bwrap += ["--chdir", workdir, "--"]
-        limits = ["prlimit", f"--nproc={PIDS}", "--core=0", "--"]
-        drop = (["setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--no-new-privs",
+        # the programs that run with privileges inside by absolute path: never one of the run's PATH
+        limits = [_which("prlimit"), "--core=0", "--"]
+        if not pids_groups:  # per user: every sandbox of root's is nobody, so a cgroup is better
+            limits[1:1] = [f"--nproc={PIDS}"]
+        setpriv = _which("setpriv")
+        drop = ([setpriv, f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--no-new-privs",
                  "--bounding-set=-all", "--inh-caps=-all", "--"] if root else [])
-        if root:  # privileged bwrap keeps only what setpriv needs to drop to nobody
-            bwrap[1:1] = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
-        unshare = ["unshare", "--mount", "--propagation", "private"]
+        unshare = [_which("unshare"), "--mount", "--propagation", "private"]
         if not root:  # the mount needs the namespace's capabilities; bwrap refuses to start with them
             unshare[1:1] = ["--user", "--map-current-user", "--keep-caps"]
-            bwrap = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--", *bwrap]
+            bwrap = [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--", *bwrap]
         self.argv = [*unshare, "--", "/bin/sh", "-c", OUTER, "sandbox", *bwrap, *limits, *drop,
                      *self.command]
-        self.outer_env = {"PATH": os.environ.get("PATH", os.defpath), "SANDBOX_DIR": str(inside),
-                    "SANDBOX_DISK": str(DISK), "SANDBOX_CWD": str(self.cwd or ""),
-                    "SANDBOX_OUTPUTS": "\n".join(str(Path(o).resolve()) for o in self.outputs),
-                    "SANDBOX_OUTPUT_CAP": str(OUTPUT_CAP),
-                    "SANDBOX_SECCOMP": str(self.folder / "seccomp.bpf"),
-                    "SANDBOX_STATUS": str(self.folder / "status.json"),
-                    "SANDBOX_USED": str(self.folder / "used"),
-                    "SANDBOX_CGROUPS": " ".join(str(g) for g in self.groups),
-                    "SANDBOX_OWNER": f"{UID}:{GID}" if root else ""}
+        self.outer_env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SANDBOX_DIR": str(inside), "SANDBOX_DISK": str(DISK),
+            "SANDBOX_CWD": str(self.cwd or ""),
+            "SANDBOX_OUTPUTS": "\n".join(f"{pattern}\t{Path(o).resolve()}" for o, pattern in self.outputs),
+            "SANDBOX_OUTPUT_CAP": str(OUTPUT_CAP), "SANDBOX_OUTPUT_FILES": str(OUTPUT_FILES),
+            "SANDBOX_SECCOMP": str(self.folder / "seccomp.bpf"),
+            "SANDBOX_STATUS": str(self.folder / "status.json"), "SANDBOX_USED": str(self.folder / "used"),
+            "SANDBOX_CGROUPS": "\n".join(str(g) for g in self.groups),
+            "SANDBOX_OWNER": f"{UID}:{GID}" if root else ""}
 
     def _mounts(self, inside: Path, workdir: str) -> list[str]:
         """bubblewrap's binds: the folders the run reads (read-only, at their own paths), its
@@ -442,7 +470,8 @@ class Sandbox:
                   if not any(p.is_relative_to(s) for s in system)]
         mounts += [(Path(HOME), "--bind", f"{inside}/home"), (Path(TMP), "--bind", f"{inside}/tmp"),
                    (Path("/tmp"), "--bind", f"{inside}/tmp"), (Path(workdir), "--bind", f"{inside}/work")]
-        mounts += [(Path(o).resolve(), "--bind", f"{inside}/out/{i}") for i, o in enumerate(self.outputs)]
+        mounts += [(Path(out).resolve(), "--bind", f"{inside}/out/{i}")
+                   for i, (out, _) in enumerate(self.outputs)]
         args, done, made = [], [], set()
         for dest, how, source in sorted(mounts, key=lambda m: (len(m[0].parts), str(m[0]))):
             for parent in reversed(dest.parents[:-1]):
@@ -473,7 +502,8 @@ class Sandbox:
         found: list[Path] = []
         import tempfile
 
-        private = {Path("/"), *Path.home().parents, Path.home(), Path("/tmp"), Path(tempfile.gettempdir())}
+        private = {Path("/"), *Path.home().parents, Path.home(), Path("/tmp"), Path(tempfile.gettempdir()),
+                   Path("/dev"), Path("/dev/shm")}
         for word in self.command:
             if not word.startswith("/") or not os.path.exists(word):
                 continue
@@ -484,7 +514,9 @@ class Sandbox:
                 found += interpreter_folders(path)
             else:  # a script: its folder (what it imports beside it), never a host HOME or /
                 found.append(path if path.parent in private else path.parent)
-        for entry in (self.env.get("PYTHONPATH") or "").split(os.pathsep):
+        # its PYTHONPATH, and the paths the workspace's own variables give (a Lightning checkout)
+        said = [v for k, v in self.env.items() if k == "PYTHONPATH" or k.startswith("WORKSPACE_")]
+        for entry in (e for v in said for e in str(v).split(os.pathsep)):
             if entry and os.path.isabs(entry) and os.path.exists(entry):
                 found.append(Path(entry))
         if self.cwd:  # what its copy links to
@@ -493,13 +525,14 @@ class Sandbox:
                     target = Path(os.path.realpath(entry))
                     found.append(target if target.is_dir() else target.parent)
         found += [Path(v) for v in self.visible]
-        mine = [Path(o).resolve() for o in self.outputs]
+        mine = [Path(o).resolve() for o, _ in self.outputs]
         return [p for p in found if p.exists() and not any(p == m or p.is_relative_to(m) for m in mine)
                 and not (self.cwd and Path(os.path.realpath(p)) == Path(os.path.realpath(self.cwd)))]
 
     def judge(self, result: harness.RunResult) -> harness.RunResult:
-        """``result`` as the sandbox's: a sandbox that could not be built fails the harness; the
-        disk limit or the memory limit reached, or a log cut at its limit, cannot test."""
+        """``result`` as the sandbox's: a sandbox that could not be built fails the harness (no
+        return code: the script never ran); the disk or the memory limit reached cannot test; and
+        whatever exit the code inside chose, it never says "harness failure"."""
         try:
             status = [json.loads(line) for line in (self.folder / "status.json").read_text().splitlines()
                       if line.strip()]
@@ -507,19 +540,22 @@ class Sandbox:
             status = []
         if result.returncode is not None and not any("child-pid" in s for s in status):
             # the command never started (bubblewrap or the trusted shell failed): no verdict
+            result.returncode = None
             return _override(result, contract.FAIL, f"the sandbox could not be built: "
                                                     f"{_last_line(result.stderr_path)}")
         try:
             used = int((self.folder / "used").read_text())
         except (OSError, ValueError):
             used = 0
-        tail = _tail(result.stderr_path) + _tail(result.stdout_path)
-        if used >= DISK - (1 << 20) or "No space left on device" in tail:
+        if used >= DISK - (1 << 20):
             return _override(result, contract.SKIP, f"could not test: the sandbox's disk limit "
                                                     f"({DISK >> 20} MiB) was reached")
         if any(_oom_killed(g) for g in self.memory_groups):
             return _override(result, contract.SKIP, f"could not test: the sandbox's memory limit "
                                                     f"({MEMORY >> 20} MiB) was reached")
+        if result.code >= contract.FAIL and result.returncode is not None and result.returncode >= 0 \
+                and not (result.reason or "").startswith("harness failure"):
+            return _override(result, contract.SKIP, f"the script exited {result.returncode}")
         return result
 
 

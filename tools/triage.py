@@ -1010,7 +1010,7 @@ def _public(text: str, t: dict) -> str:
         text = text.replace(str(t["repo"]), "$LIGHTNING_REPO")
     if t.get("out"):
         text = text.replace(str(t["out"]), f"results/triage/{t.get('folder') or t['id']}")
-    return text.replace(f"{ROOT}{os.sep}", "")
+    return text.replace(f"{ROOT}{os.sep}", "").replace(f"{Path.home()}{os.sep}", f"~{os.sep}")
 
 
 def _comment(t: dict) -> str:

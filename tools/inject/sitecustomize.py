@@ -105,6 +105,10 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
+    if _SRC and not os.path.isdir(_SRC):  # never the installed release in its place, silently
+        sys.stderr.write(f"cannot test: the Lightning source {_SRC} is not there (WORKSPACE_LIGHTNING_SRC)\n")
+        sys.stderr.flush()
+        os._exit(125)
     if _SRC and os.path.isdir(os.path.join(_SRC, "lightning")):
         sys.meta_path.insert(0, _LightningSource(_SRC))
     if os.environ.get("WORKSPACE_CHECK_REPLICAS"):
