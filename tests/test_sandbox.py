@@ -404,23 +404,26 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
             "import tempfile; f = tempfile.NamedTemporaryFile(prefix=harness.owned('ranks'), suffix='.pids', "
             "delete=False)\n"
             f"open({str(made)!r}, 'w').write(str(d) + '\\n' + f.name); time.sleep(60)\n")
-    owner = subprocess.Popen([sys.executable, "-c", code])
+    temp = tmp_path / "tmp"  # a temporary folder of its own: another test's first run sweeps the shared one
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    owner = subprocess.Popen([sys.executable, "-c", code], env=env)
     for _ in range(300):
         if made.exists() and made.read_text().count("\n") == 1 and made.read_text().endswith(".pids"):
             break
         time.sleep(0.05)
     folder, pids = (Path(p) for p in made.read_text().splitlines())
-    mine = harness.owned_tempdir("sandbox")  # this process is alive: kept
+    mine = Path(tempfile.mkdtemp(prefix=harness.owned("sandbox"), dir=temp))  # this process is alive: kept
     try:
         probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
                                 "from tools import harness; harness.sweep()"],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60, env=env)
         assert folder.exists() and pids.exists(), probe.stderr  # its owner is alive
         owner.kill()
         owner.wait()
         probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
                                 "from tools import harness; harness.run(['true'], timeout=10)"],
-                               capture_output=True, text=True, timeout=60)
+                               capture_output=True, text=True, timeout=60, env=env)
         assert not folder.exists() and not pids.exists()
         assert f"[sweep] removed {folder}: left by process {owner.pid}, which is gone" in probe.stderr
         assert mine.exists()
@@ -435,11 +438,28 @@ def test_what_the_code_inside_exits_with_or_prints_is_never_a_harness_failure(at
     for code, reason in (
             ('print(\'{"verdict": "skip", "exit_code": 125, "details": []}\')\nraise SystemExit(125)', None),
             ("raise SystemExit(200)", "the script exited 200"),
+            ("raise SystemExit(168)", "killed by signal 40"),  # (as a shell says it: no name in Python)
+            ("import os\nos.kill(os.getpid(), 40)", "killed by signal 40"),
             ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV")):
         result, out, err = attack.run(code)
         assert result["verdict"] == "skip", (code, result)
         if reason:
             assert result["reason"] == reason, result
+
+
+def test_many_small_files_reach_the_disk_limit_too(attack):
+    code = """
+import os
+try:
+    for i in range(200000):
+        open(os.path.join(os.environ["TMPDIR"], f"{i:0>180}"), "w").close()
+except OSError as err:
+    print("stopped", err)
+"""
+    result, out, err = attack.run(code)
+    assert "stopped" in out, out
+    limit = f"{sandbox.INODES} files"
+    assert result["reason"] == f"could not test: the sandbox's disk limit ({limit}) was reached"
 
 
 def test_a_text_about_a_full_disk_is_not_a_full_disk(attack):
@@ -511,6 +531,39 @@ os.mkfifo(os.path.join({str(out)!r}, "fifo.json"))
     assert (out / "0.json").stat().st_size == 1 << 20  # its end, cut to the cap
 
 
+def test_what_comes_back_is_capped_in_total_sparse_files_included(tmp_path, monkeypatch):
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    monkeypatch.setattr(sandbox, "OUTPUT_TOTAL", 3 << 20)
+    tmp_path.chmod(0o755)
+    out = tmp_path / "reports"
+    script = tmp_path / "sparse.py"
+    script.write_text(f"import os\nfor i in range(10):\n"
+                      f"    open(os.path.join({str(out)!r}, f'{{i}}.json'), 'w').truncate(10 ** 12)\n")
+    script.chmod(0o644)
+    with sandbox.Sandbox([sys.executable, str(script)], {"PATH": "/usr/bin:/bin"},
+                         outputs=((out, "*.json"),)) as box:
+        result = box.judge(harness.run(box.argv, timeout=120, env=box.outer_env, log_stem=tmp_path / "log",
+                                       exit_is_signal=True))
+    assert result.verdict == "good", (result, (tmp_path / "log.stderr").read_text())
+    assert sum(p.stat().st_size for p in out.iterdir()) <= 3 << 20
+
+
+def test_a_bubblewrap_that_fails_after_it_started_is_no_verdict(tmp_path):
+    """bubblewrap fails while it builds the sandbox (a folder to show is gone): its message is
+    not the script's output, whatever a signature would make of it."""
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with sandbox.Sandbox(["/bin/true"], {"PATH": "/usr/bin:/bin"}, visible=(gone,)) as box:
+        gone.rmdir()
+        result = box.judge(harness.run(box.argv, timeout=60, env=box.outer_env, log_stem=tmp_path / "log",
+                                       signature="No such file", exit_is_signal=True))
+    assert result.code == 128 and result.returncode is None, result
+    assert "Can't find source path" in result.reason, result
+
+
 def test_a_lightning_checkout_a_run_is_given_is_visible_and_a_missing_one_is_said(attack, tmp_path):
     """A commit bisect's run imports Lightning from a checkout (``WORKSPACE_LIGHTNING_SRC``): the
     sandbox shows it; where it is not there the run cannot test, never the installed release."""
@@ -526,3 +579,46 @@ def test_a_lightning_checkout_a_run_is_given_is_visible_and_a_missing_one_is_sai
     result, out, err = attack.run("print('ran the release')\n", run_env=env)
     assert "ran the release" not in out
     assert result["verdict"] == "skip" and "is not there" in result["reason"], result
+
+
+def test_a_sigkilled_launcher_leaves_nothing_running_and_its_folder_is_swept(tmp_path):
+    """The triage SIGKILLed while its sandboxed run goes on: the run dies with it (its watchdog,
+    bubblewrap's --die-with-parent), and the folder it left on the host goes with the next run."""
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    tmp_path.chmod(0o755)
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    script.chmod(0o644)
+    temp = tmp_path / "tmp"  # a temporary folder of its own: another test's first run sweeps the shared one
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(ROOT), str(script), str(tmp_path / "log"),
+                               sys.executable, "300", "{}"], stdout=subprocess.DEVNULL, env=env)
+    marker = str(script)
+    deadline = time.monotonic() + 60
+    while not any(_cmdline(pid).split("\0")[1:2] == [marker] for pid in os.listdir("/proc")
+                  if pid.isdigit() and int(pid) != driver.pid):  # the script runs, inside
+        assert time.monotonic() < deadline and driver.poll() is None
+        time.sleep(0.05)
+    left = list(temp.glob(f"sandbox-{driver.pid}.*"))
+    assert len(left) == 1, left
+    driver.kill()
+    driver.wait()
+    deadline = time.monotonic() + 30
+    while any(marker in _cmdline(pid) for pid in os.listdir("/proc") if pid.isdigit()):
+        assert time.monotonic() < deadline, "the sandboxed run outlived its launcher"
+        time.sleep(0.1)
+    assert left[0].exists()
+    probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                            "from tools import harness; harness.run(['true'], timeout=10)"],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert not left[0].exists(), probe.stderr
+    assert f"[sweep] removed {left[0]}: left by process {driver.pid}, which is gone" in probe.stderr
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""

@@ -93,7 +93,10 @@ def judge(rc: int, stdout: str, stderr: str, *, signature: str | None = None,
     if stopped == "aborted":
         return verdict(SKIP, "stopped: the run it belonged to was interrupted; process group killed")
     if rc < 0:
-        died = signal.Signals(-rc).name
+        try:
+            died = signal.Signals(-rc).name
+        except ValueError:  # a real-time signal has no name
+            died = f"signal {-rc}"
         if seen and record is None:
             # the signature was printed, then the process died of a signal on its own (torch 2.13
             # + gloo sometimes aborts at interpreter exit: "terminate called without an active
@@ -133,6 +136,7 @@ NEVER_CHECKED = ("the replica check never ran: no DistributedDataParallel model 
 def merge_replica_reports(reports: list[dict]) -> dict | None:
     """The check's reports of one run (one per process that checked) as one: a divergence any
     rank saw, the checks of the processes that compared ranks, a reason why none could."""
+    reports = [r for r in reports if _report_well_formed(r)]
     if not reports:
         return None
     compared = [r for r in reports if r.get("checks")]
@@ -141,6 +145,18 @@ def merge_replica_reports(reports: list[dict]) -> dict | None:
                      if r.get("diverged")), None)
     why = next((r["why"] for r in reports if r.get("why")), None)
     return {**main, "diverged": diverged, "why": None if compared else why}
+
+
+_REPORT_FIELDS = {"rank": int, "checks": int, "step": int, "steps": int, "epoch": int, "world": int,
+                  "diverged": str, "why": str, "mechanism": str}
+
+
+def _report_well_formed(report) -> bool:
+    """A replica report whose fields have the check's types (the code under test could write one
+    in the report folder: a malformed one is no report, never a crash of the judge)."""
+    return isinstance(report, dict) and all(
+        report.get(k) is None or (type(report[k]) is t if t is int else isinstance(report[k], t))
+        for k, t in _REPORT_FIELDS.items())
 
 
 def judge_replicas(code: int, reason: str | None, report: dict | None) -> tuple[int, str | None]:

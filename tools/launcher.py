@@ -228,16 +228,15 @@ class Launcher:
             box = stack.enter_context(sandbox.Sandbox(
                 command, env, cwd=run.cwd, outputs=tuple(outputs), network=run.sandbox == "network",
                 visible=tuple(visible)))
-            result = box.judge(harness.run(box.argv, timeout=timeout, log_stem=run.log_stem,
-                                           env=box.outer_env, signature=signature,
-                                           peer_grace=run.peer_grace, log_limit=sandbox.LOG_LIMIT,
-                                           exit_is_signal=True))
-            if nodes_log is None:
-                return result
-            if run.log_stem:  # the nodes' logs next to the run's: <stem>.node0.stdout, ...
-                for log in nodes_log.parent.glob(f"{nodes_log.name}.node*"):
-                    shutil.copyfile(log, f"{run.log_stem}{log.name.removeprefix(nodes_log.name)}")
-            return _job_result(result)
+            result = harness.run(box.argv, timeout=timeout, log_stem=run.log_stem, env=box.outer_env,
+                                 signature=signature, peer_grace=run.peer_grace, log_limit=sandbox.LOG_LIMIT,
+                                 exit_is_signal=True)
+            if nodes_log is not None:
+                if run.log_stem:  # the nodes' logs next to the run's: <stem>.node0.stdout, ...
+                    for log in nodes_log.parent.glob(f"{nodes_log.name}.node*"):
+                        shutil.copyfile(log, f"{run.log_stem}{log.name.removeprefix(nodes_log.name)}")
+                result = _job_result(result)
+            return box.judge(result)  # (a limit reached, a sandbox never built: whatever it printed)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -261,7 +260,7 @@ def _job_result(outer: harness.RunResult) -> harness.RunResult:
         job = json.loads(lines[-1]) if lines else None
     except (OSError, TypeError, ValueError):
         job = None
-    if not isinstance(job, dict) or job.get("code") not in contract.NAMES \
+    if not isinstance(job, dict) or type(job.get("code")) is not int or job["code"] not in contract.NAMES \
             or not isinstance(job.get("reason"), str | None):
         return outer
     code, record = job["code"], job.get("record")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -57,6 +56,11 @@ MEMORY = _mib("WORKSPACE_SANDBOX_MEMORY_MIB", 8192)  # where the cgroups allow
 LOG_LIMIT = _mib("WORKSPACE_SANDBOX_LOG_MIB", 64)  # of stdout and of stderr, kept in the run's logs
 OUTPUT_CAP = 16 << 20  # bytes of each file handed back (its end: a log's traceback is there)
 OUTPUT_FILES = 64  # files handed back, at most
+OUTPUT_TOTAL = 32 << 20  # bytes handed back by one run, at most (a sparse file's too)
+INODES = 65536  # files and folders on the tmpfs (each costs the kernel memory, whatever its size)
+# the first program inside, trusted: says on fd 5 that bubblewrap built the sandbox, then becomes
+# the run (a bubblewrap that failed never gets here: its own message is no verdict)
+STARTED = ("/bin/sh", "-c", 'printf started >&5 && exec 5>&- && exec "$@"', "sandbox")
 # processes and threads: a cgroup's pids.max where the cgroups allow, and RLIMIT_NPROC (per user)
 PIDS = _mib("WORKSPACE_SANDBOX_PIDS", 2048) >> 20
 UID = GID = 65534  # nobody: who a run started by root is inside
@@ -93,7 +97,8 @@ set -u
 fail() { echo "sandbox setup failed: $1" >&2; exit 97; }
 printf '%s\n' "$SANDBOX_CGROUPS" | while IFS= read -r cg; do
   [ -z "$cg" ] || echo $$ > "$cg/cgroup.procs" || exit 1; done || fail "cannot join its cgroups"
-mount -t tmpfs -o "size=$SANDBOX_DISK,mode=0755,nosuid,nodev" sandbox "$SANDBOX_DIR" || fail "no tmpfs"
+options="size=$SANDBOX_DISK,nr_inodes=$SANDBOX_INODES,mode=0755,nosuid,nodev"
+mount -t tmpfs -o "$options" sandbox "$SANDBOX_DIR" || fail "no tmpfs"
 cd "$SANDBOX_DIR" || fail "no folder"
 mkdir home tmp work shm out || fail "mkdir"
 if [ -n "$SANDBOX_CWD" ]; then cp -a -- "$SANDBOX_CWD/." work/ || fail "cannot copy the working folder"; fi
@@ -101,17 +106,21 @@ i=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS= read -r line; do
   [ -n "$line" ] && { mkdir "out/$i" || exit 1; }; i=$((i + 1)); done || fail "mkdir"
 chmod 1777 tmp shm || fail "chmod"
 [ "$SANDBOX_OWNER" = "" ] || chown -R "$SANDBOX_OWNER" home work out || fail "chown"
-"$@" 3<"$SANDBOX_SECCOMP" 4>"$SANDBOX_STATUS"
+"$@" 3<"$SANDBOX_SECCOMP" 5>"$SANDBOX_STARTED"
 rc=$?
-i=0; n=0; printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS="$(printf '\t')" read -r pattern host; do
+i=0; n=0; left=$SANDBOX_OUTPUT_TOTAL
+printf '%s\n' "$SANDBOX_OUTPUTS" | while IFS="$(printf '\t')" read -r pattern host; do
   [ -n "$host" ] || continue
   for f in "out/$i"/$pattern; do
-    [ "$n" -lt "$SANDBOX_OUTPUT_FILES" ] || break
-    [ -f "$f" ] && [ ! -h "$f" ] && tail -c "$SANDBOX_OUTPUT_CAP" -- "$f" > "$host/${f##*/}" && n=$((n + 1))
+    [ "$n" -lt "$SANDBOX_OUTPUT_FILES" ] && [ "$left" -gt 0 ] || break
+    [ -f "$f" ] && [ ! -h "$f" ] || continue
+    size=$(stat -c %s -- "$f"); [ "$size" -le "$SANDBOX_OUTPUT_CAP" ] || size=$SANDBOX_OUTPUT_CAP
+    [ "$size" -le "$left" ] || size=$left
+    tail -c "$size" -- "$f" > "$host/${f##*/}" && n=$((n + 1)) && left=$((left - size))
   done
   i=$((i + 1)); done
-set -- $(stat -f -c "%b %a %S" .)
-echo "$(( ($1 - $2) * $3 ))" > "$SANDBOX_USED"
+set -- $(stat -f -c "%b %a %S %f %d" .)
+echo "$(( ($1 - $2) * $3 )) $5" > "$SANDBOX_USED"
 exit $rc
 """
 
@@ -410,7 +419,7 @@ class Sandbox:
                "USER": "nobody" if root else os.environ.get("USER", "user")}
         workdir = str(self.cwd) if self.cwd else WORK
         bwrap = [_which("bwrap"), "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
-                 "--die-with-parent", "--hostname", "sandbox", "--seccomp", "3", "--json-status-fd", "4",
+                 "--die-with-parent", "--hostname", "sandbox", "--seccomp", "3",
                  *([] if self.network else ["--unshare-net"])]
         if root:  # privileged bwrap keeps only what setpriv needs to drop to nobody
             bwrap += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
@@ -448,15 +457,16 @@ class Sandbox:
         if not root:  # the mount needs the namespace's capabilities; bwrap refuses to start with them
             unshare[1:1] = ["--user", "--map-current-user", "--keep-caps"]
             bwrap = [setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--", *bwrap]
-        self.argv = [*unshare, "--", "/bin/sh", "-c", OUTER, "sandbox", *bwrap, *limits, *drop,
+        self.argv = [*unshare, "--", "/bin/sh", "-c", OUTER, "sandbox", *bwrap, *STARTED, *limits, *drop,
                      *self.command]
         self.outer_env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SANDBOX_DIR": str(inside), "SANDBOX_DISK": str(DISK),
             "SANDBOX_CWD": str(self.cwd or ""),
             "SANDBOX_OUTPUTS": "\n".join(f"{pattern}\t{Path(o).resolve()}" for o, pattern in self.outputs),
             "SANDBOX_OUTPUT_CAP": str(OUTPUT_CAP), "SANDBOX_OUTPUT_FILES": str(OUTPUT_FILES),
+            "SANDBOX_OUTPUT_TOTAL": str(OUTPUT_TOTAL), "SANDBOX_INODES": str(INODES),
             "SANDBOX_SECCOMP": str(self.folder / "seccomp.bpf"),
-            "SANDBOX_STATUS": str(self.folder / "status.json"), "SANDBOX_USED": str(self.folder / "used"),
+            "SANDBOX_STARTED": str(self.folder / "started"), "SANDBOX_USED": str(self.folder / "used"),
             "SANDBOX_CGROUPS": "\n".join(str(g) for g in self.groups),
             "SANDBOX_OWNER": f"{UID}:{GID}" if root else ""}
 
@@ -484,13 +494,19 @@ class Sandbox:
         return args
 
     def _readable(self) -> None:
-        """Started by root, the run is nobody: the files of its command must be readable by others
-        (a folder made 0700, as pytest's are, would fail it as "cannot open file")."""
-        for word in self.command:
-            path = Path(word)
-            if not word.startswith("/") or not path.is_file():
-                continue
-            for p, bit in ((path, 0o004), (path.parent, 0o005)):
+        """Started by root, the run is nobody: the files of its command and what its workspace
+        variables give (a Lightning checkout, the injected check) must be readable by others. A
+        folder made 0700, as pytest's are, would fail it as "cannot open file", or worse, leave
+        the installed Lightning in place of a checkout's."""
+        paths = [Path(w) for w in self.command if w.startswith("/") and Path(w).is_file()]
+        for value in (v for k, v in self.env.items() if k == "PYTHONPATH" or k.startswith("WORKSPACE_")):
+            for entry in str(value).split(os.pathsep):
+                path = Path(entry)
+                if entry and path.is_absolute() and path.exists() and (path.is_dir() or path.suffix == ".py"):
+                    paths += [path, *(p for p in (path / "sitecustomize.py",) if p.is_file())]
+        for path in paths:
+            checks = [(path, 0o005)] if path.is_dir() else [(path, 0o004), (path.parent, 0o005)]
+            for p, bit in checks:
                 if p.stat().st_mode & bit != bit:
                     raise contract.BadInput(f"the sandbox runs it as nobody, who cannot read {p} "
                                             f"(mode {p.stat().st_mode & 0o777:o}): chmod o+rX")
@@ -534,22 +550,22 @@ class Sandbox:
         return code: the script never ran); the disk or the memory limit reached cannot test; and
         whatever exit the code inside chose, it never says "harness failure"."""
         try:
-            status = [json.loads(line) for line in (self.folder / "status.json").read_text().splitlines()
-                      if line.strip()]
-        except (OSError, ValueError):
-            status = []
-        if result.returncode is not None and not any("child-pid" in s for s in status):
-            # the command never started (bubblewrap or the trusted shell failed): no verdict
+            started = (self.folder / "started").read_text() == "started"
+        except OSError:
+            started = False
+        if result.returncode is not None and not started:
+            # the run's command never started (bubblewrap or the trusted shell failed): no verdict
             result.returncode = None
             return _override(result, contract.FAIL, f"the sandbox could not be built: "
                                                     f"{_last_line(result.stderr_path)}")
         try:
-            used = int((self.folder / "used").read_text())
+            used, inodes_free = (int(x) for x in (self.folder / "used").read_text().split())
         except (OSError, ValueError):
-            used = 0
-        if used >= DISK - (1 << 20):
+            used, inodes_free = 0, INODES
+        if used >= DISK - (1 << 20) or inodes_free < 16:
+            limit = f"{DISK >> 20} MiB" if used >= DISK - (1 << 20) else f"{INODES} files"
             return _override(result, contract.SKIP, f"could not test: the sandbox's disk limit "
-                                                    f"({DISK >> 20} MiB) was reached")
+                                                    f"({limit}) was reached")
         if any(_oom_killed(g) for g in self.memory_groups):
             return _override(result, contract.SKIP, f"could not test: the sandbox's memory limit "
                                                     f"({MEMORY >> 20} MiB) was reached")

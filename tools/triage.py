@@ -689,7 +689,8 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
                 verdict, reason = "skip", (f"the signature, but raised elsewhere: {here} (reported: "
                                            f"{site})")
         if r.code >= contract.FAIL:
-            if r.returncode is None:  # the harness could not start it or keep its logs
+            if r.returncode is None or (r.reason or "").startswith("harness failure"):
+                # the harness could not start it or keep its logs (a full disk): never the script's
                 raise HarnessFailure(f"{cell.label} cell: {reason}")
             verdict, reason = "skip", f"the script exited {r.returncode} (its own failure): {reason}"
         cell.verdicts.append(verdict)
