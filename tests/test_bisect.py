@@ -563,3 +563,22 @@ def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsy
     assert path == base.with_name("lightning-0")
     assert "BUG = False" in (path / "src" / "lightning" / "pytorch" / "__init__.py").read_text()
     assert "not a worktree of" in capsys.readouterr().out
+
+
+def test_with_hang_a_run_that_outlives_its_limit_is_bad(tmp_path, monkeypatch):
+    from tools import bisect_cli, harness
+
+    cfg = bisect_cli.parse_args(["--repro", "tests/corpus/skip_step_ddp.py", "--hang", "--timeout", "5",
+                                 "--out", str(tmp_path)])
+    assert cfg.hang and "|hang=5" in bisect_cli.signature_key(cfg)
+
+    class Slow:
+        def run(self, run):
+            return harness.RunResult(125, "skip", "timed out after 5 s; process group killed", 5.0, -15)
+
+    monkeypatch.setattr(bisect_cli, "LAUNCHER", Slow())
+    code, reason, final = bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))
+    assert (code, reason) == (1, "it hangs: timed out after 5 s; process group killed")
+    cfg = bisect_cli.parse_args(["--repro", "tests/corpus/skip_step_ddp.py", "--signature", "x",
+                                 "--timeout", "5", "--out", str(tmp_path)])
+    assert bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))[0] == 125  # without --hang: no verdict

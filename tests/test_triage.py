@@ -249,12 +249,96 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert err.strip().splitlines()[-1].startswith(f"error: {message}")
 
 
-def test_nothing_to_run_and_no_traceback_is_bad_input(tmp_path):
+def test_a_report_with_nothing_to_run_gets_a_needs_a_repro_comment(tmp_path):
+    """Every readable report gets a comment (exit 0): what is missing, the facts, the questions."""
     plain = tmp_path / "plain.md"
     plain.write_text("# Docs typo\n\n### Bug description\n\nThe word 'recieve' in the docs.\n")
     code, out, err = run_triage(tmp_path, str(plain))
-    assert code == 2
-    assert err.strip().splitlines()[-1] == f"error: {plain}: nothing to run and no traceback"
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.splitlines()[0] == "**Triage:** needs a repro: the report holds no Python code"
+    assert "Questions:" in comment and "self-contained script" in comment
+
+
+@pytest.mark.parametrize("fixture, first", [
+    ("proposed_fix_only.md", "needs a repro: the report holds no Python code (only a diff of a proposed "
+                             "change)"),
+    ("no_code.md", "needs a repro: the report holds no Python code; the error it quotes: `RuntimeError: "
+                   "Detected mismatch between collectives on ranks`"),
+])
+def test_reports_without_a_program_say_what_is_missing_and_what_they_show(tmp_path, fixture, first):
+    code, out, err = run_triage(tmp_path, str(ISSUES / fixture))
+    assert code == 0, err
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    assert comment.splitlines()[0] == f"**Triage:** {first}", comment.splitlines()[0]
+    assert not (tmp_path / "out" / "logs").exists()  # nothing ran
+
+
+def test_a_traceback_pasted_without_its_header_is_read_as_one():
+    text = (ISSUES / "headerless_traceback.md").read_text()
+    (tb,) = triage.tracebacks(text)
+    assert triage.exception_line(tb) == ("AttributeError", "'NoneType' object has no attribute 'reducer'")
+    assert [f.label for f in triage.fingerprint.parse(tb)][-1].startswith("torch:nn/parallel/distributed.py")
+    assert triage.tracebacks("see `File \"x.py\", line 3` in the docs") == []  # no exception after it
+
+
+@pytest.mark.parametrize("text, exc", [
+    ("It fails with `ValueError: the batch is empty` after a while.", ("ValueError", "the batch is empty")),
+    ("Rank 1 prints RuntimeError: Timed out waiting for peers. Then it hangs.",
+     ("RuntimeError", "Timed out waiting for peers")),
+    ("No error, just wrong numbers.", None),
+    ("It fails with **ValueError: the batch is empty** after a while.", ("ValueError", "the batch is empty")),
+    ("In 2.3 this raised `ValueError: x`, now it silently passes.", None),  # a mention in passing
+    ("Looks like #1234 (`KeyError: 'state_dict'`).", None),
+    ("```\nValueError: inside a block is not prose\n```\n", None),
+])
+def test_an_exception_quoted_in_a_sentence_is_read(text, exc):
+    assert triage.prose_exception(text) == exc
+
+
+def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
+    """Lightning's names used without imports, a module with no data of its own: completed
+    against the release's exports, shown as a diff, run, and the verdict labelled as on a
+    completed snippet."""
+    from tools import bisect_cli
+
+    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(bisect_cli, "release_env", lambda *a, **k: Path(sys.executable))
+    monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
+    ran = {}
+
+    def run_cell(cell, script, args, out, launcher, site, after=0):
+        ran.setdefault("code", script.read_text())
+        ran["check"] = args.check_replicas
+        cell.verdicts, cell.reasons = ["bad"] * args.trials, ["replicas diverged at step 9"] * args.trials
+
+    monkeypatch.setattr(triage, "run_cell", run_cell)
+    monkeypatch.setattr(triage, "bisect", lambda *a, **k: None)
+    monkeypatch.setattr(triage, "known_bug", lambda *a, **k: "")
+    t = triage.triage(triage.parse_args([str(ISSUES / "snippet_without_imports.md"), "--trials", "1",
+                                         "--minimize-budget", "0", "--repo", "",
+                                         "--out", str(tmp_path / "out")]))
+    assert "from pytorch_lightning.callbacks import BackboneFinetuning" in ran["code"]
+    assert "from pytorch_lightning import LightningModule" in ran["code"]
+    # (its module has no data of its own)
+    assert "trainer.fit(Finetuned(), train_dataloaders=DataLoader(RandomDataset(32, 64)" in ran["code"]
+    assert "accelerator='cpu'" in ran["code"] or 'accelerator="cpu"' in ran["code"]  # then the CPU port
+    assert ran["check"] == "epoch"  # "different after" the unfreeze, across ranks, no exception
+    assert t["status"].startswith(triage.COMPLETED + "reproduced 1/1 on"), t["status"]
+    comment = (tmp_path / "out" / "comment.md").read_text()
+    said = "<details><summary>Completed (assumptions: `from pytorch_lightning import LightningModule`"
+    assert said in comment
+    assert "+from pytorch_lightning.callbacks import BackboneFinetuning" in comment
+
+
+def test_the_same_exception_in_the_reporters_own_code_counts_though_the_function_moved():
+    assert triage.same_exception_in_own_code(("AssertionError", "(script)", "on_train_epoch_end"),
+                                             ("AssertionError", "(script)", "check_replicas"))
+    assert not triage.same_exception_in_own_code(("AssertionError", "(script)", "f"),
+                                                 ("ValueError", "(script)", "f"))
+    assert not triage.same_exception_in_own_code(("AttributeError", "torch:x.py:3", "backward"),
+                                                 ("AttributeError", "torch:x.py:9", "backward"))
 
 
 class _Api(http.server.BaseHTTPRequestHandler):
@@ -638,3 +722,108 @@ def test_no_sandbox_here_means_nothing_runs_unless_asked(tmp_path, monkeypatch):
     assert triage.sandbox_mode(args) == "none" and triage.sandbox_flag(args) == []
     args = triage.parse_args([str(ISSUES / "fixed_later.md"), "--allow-network"])
     assert triage.sandbox_mode(args) == "network" and triage.sandbox_flag(args) == ["--sandbox=network"]
+
+
+def test_a_lossy_traceback_gets_the_release_that_matches_the_most_frames(monkeypatch):
+    """No release has every quoted line (a frame from an edited file, a line cut short): the
+    newest of those matching the most frames, as ``nox -s fingerprint`` ranks them, and how many."""
+    from packaging.version import Version
+
+    frames = [triage.fingerprint.Frame("lightning", "a.py", 3, "x = 1", ()),
+              triage.fingerprint.Frame("lightning", "b.py", 5, "y = 2", ()),
+              triage.fingerprint.Frame("lightning", "c.py", 7, "edited by the reporter", ())]
+    sources = {"2.4.0": {"a.py": "x = 1", "b.py": "old"}, "2.5.0": {"a.py": "x = 1", "b.py": "y = 2"},
+               "2.5.1": {"a.py": "x = 1", "b.py": "y = 2"}, "2.6.0": {"a.py": "new", "b.py": "y = 2"}}
+
+    class Source:
+        def __init__(self, package, version):
+            self.files = sources[str(version)]
+
+        def read(self, package, rel):
+            return self.files.get(rel)
+
+    monkeypatch.setattr(triage.fingerprint, "releases_since", lambda *a: [Version(v) for v in sources])
+    monkeypatch.setattr(triage.fingerprint, "WheelSources", Source)
+    monkeypatch.setattr(triage.fingerprint, "matches", lambda source, frame: source == frame.code)
+    t = {}
+    assert triage.fingerprinted(frames, "pytorch-lightning", None, t) == "2.5.1"
+    assert t["fingerprint"] == {"matched": 2, "frames": 3, "releases": ["2.5.0", "2.5.1"]}
+
+
+# -- the corpus of report shapes (bench/triage_corpus.py runs every one) ----------------------------
+
+EXPECTED = __import__("tomllib").loads((ISSUES / "expected.toml").read_text())
+
+
+def test_every_report_of_the_corpus_has_its_expected_first_line():
+    assert sorted(EXPECTED) == sorted(p.stem for p in ISSUES.glob("*.md"))
+    assert len(EXPECTED) >= 20
+    for case in EXPECTED.values():
+        re.compile(case["first"])
+
+
+@pytest.mark.parametrize("name", ["downloads_dataset", "fix_as_code", "no_code", "proposed_fix_only",
+                                  "syntax_error", "worked_before_no_code"])
+def test_the_reports_that_need_no_run_give_their_expected_first_line(tmp_path, name):
+    code, out, err = run_triage(tmp_path, str(ISSUES / f"{name}.md"), "--trials", "1",
+                                "--minimize-budget", "0")
+    assert code == 0, err[-2000:]
+    first = (tmp_path / "out" / "comment.md").read_text().splitlines()[0].removeprefix("**Triage:** ")
+    assert re.match(EXPECTED[name]["first"], first), first
+    assert not (tmp_path / "out" / "logs").exists()  # nothing ran
+
+
+def test_a_failure_in_every_release_is_not_a_regression_and_a_check_of_lightnings_is_quoted():
+    bisected = {"markdown": "## Bisect result\n", "releases": {"outcome": {"status": "no-good",
+                                                                            "first_bad": "2.0.0"}}}
+    said = triage._bisect_status(bisected)
+    assert said == "the same in every release tested since 2.0.0: not a regression"
+    output = ("Traceback (most recent call last):\n"
+              '  File "/home/u/run.py", line 9, in <module>\n    trainer.validate(model, ckpt_path="best")\n'
+              '  File "/venv/lib/python3.11/site-packages/pytorch_lightning/trainer/connectors/'
+              'checkpoint_connector.py", line 190, in _parse_ckpt_path\n'
+              '    raise ValueError(\n'
+              'ValueError: `.validate(ckpt_path="best")` is set but `ModelCheckpoint` is not configured.\n')
+    said = triage.deliberate(output)
+    assert said == ("; Lightning raises it on purpose (lightning:trainer/connectors/"
+                    "checkpoint_connector.py): `` ValueError: `.validate(ckpt_path=\"best\")` is set "
+                    "but `ModelCheckpoint` is not configured. ``"), said
+    assert triage.deliberate(output.replace("    raise ValueError(\n", "    x = y.z\n")) == ""
+
+
+def test_a_report_that_says_it_hangs_is_reproduced_by_a_run_that_outlives_its_limit(tmp_path):
+    """No exception, "it hangs": the hang is the signature (``--hang`` for the bisect), and a run
+    that outlives its limit reproduces it."""
+    report = tmp_path / "hangs.md"
+    report.write_text("# Fit never returns\n\n### Bug description\n\nThe script is stuck forever at the "
+                      "start, no error.\n\n### What version are you seeing the problem on?\n\nv2.6\n\n"
+                      "### How to reproduce the bug\n\n```python\nimport time\nimport torch\n"
+                      "from pytorch_lightning import Trainer\n\nif torch.__version__ == 'never':\n"
+                      "    Trainer()\ntime.sleep(600)\n```\n")
+    code, out, err = run_triage(tmp_path, str(report), "--trials", "1", "--timeout", "3", "--no-bisect",
+                                "--minimize-budget", "0", "--repo", "")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["hang_why"] == "the report says 'never returns' and shows no exception"
+    assert data["status"].startswith("reproduced 1/1 on pytorch-lightning 2.6.6 + torch 2.13.0 (CPU) "
+                                     "(it hangs: each bad run outlived its 3 s limit)"), data["status"]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("Training gets stuck at epoch 2 and never continues.", "stuck"),
+    ("The fit hangs forever after the first epoch.", "hangs"),
+    ("It never returns from `trainer.fit`.", "never returns"),
+    ("The model's frozen layers get updated anyway.", None),
+    ("The loss is stuck at 0.69 from the start.", None),
+    ("My validation accuracy got stuck.", None),
+    ("```python\n# the loader was stuck here once\n```\n", None),  # code, not the report's words
+])
+def test_a_hang_is_what_the_report_says_of_its_run_not_of_a_value(text, said):
+    found = triage.hang_said(text)
+    assert (found[0] if found else None) == said
+
+
+def test_a_scripts_own_assert_is_its_signature_only_with_a_message():
+    assert triage._assert_message("x = 1\nassert x == 2, 'ranks hold different weights'\n") == \
+        "ranks hold different weights"
+    assert triage._assert_message("assert x == 2\n") is None  # torch's own asserts raise the same class

@@ -81,6 +81,7 @@ class Config:
     find_fix: bool = False  # --find-fix: the first release/commit without the bug after one with it
     jobs: int = 1  # --jobs: candidates tested at once per round
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
+    hang: bool = False  # --hang: the bug is a hang; a run that outlives --timeout is bad
 
     @property
     def repro_text(self) -> str:
@@ -156,6 +157,8 @@ def parse_args(argv) -> Config:
                         "--jobs K makes each round one job array of K tasks)")
     contract.add_nodes(p)
     contract.add_sandbox(p, "run the repro")
+    p.add_argument("--hang", action="store_true",
+                   help="the bug is a hang: a run that outlives --timeout is bad (no --signature needed)")
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
@@ -169,10 +172,11 @@ def parse_args(argv) -> Config:
     run_as = harness.how_to_run(repro, "--repro", args.repro)
     own = own_repro(repro)
     verdict_line = own is not None and own.verdict_line or args.verdict_line
-    if not (verdict_line or args.signature or args.check_replicas):
+    if not (verdict_line or args.signature or args.check_replicas or args.hang):
         raise BadInput(f"--repro {args.repro} prints no verdict line: give --signature REGEX (what "
                        "its output shows when the bug is there), --check-replicas for a silent "
-                       "divergence, or --verdict-line if it prints the contract's verdict line")
+                       "divergence, --hang for a hang, or --verdict-line if it prints the contract's "
+                       "verdict line")
     contract.check_signature(args.signature)
     trials = contract.check_trials(args.trials)
     if args.timeout <= 0:
@@ -203,7 +207,8 @@ def parse_args(argv) -> Config:
                   args.lightning, args.repo, repro, tuple(rest or ()), run_as, verdict_line,
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
-                  args.check_replicas, args.sandbox, args.find_fix, jobs, (args.nodes, args.ranks_per_node))
+                  args.check_replicas, args.sandbox, args.find_fix, jobs, (args.nodes, args.ranks_per_node),
+                  args.hang)
 
 
 def round_scope(cfg: Config):
@@ -255,6 +260,8 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
                          signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate,
                          check_replicas=cfg.check_replicas, sandbox=cfg.sandbox,
                          multinode=own.multinode if own else "torchrun"))
+    if cfg.hang and (r.reason or "").startswith("timed out"):  # a hang is the bug's signature
+        return contract.BAD, f"it hangs: {r.reason}", False
     reason = r.reason if r.code != 1 else (r.reason or "bug signature seen")
     if r.leftovers:  # processes that left the run's group and outlived it (daemons): killed
         reason = f"{reason or 'clean'}; it left {len(r.leftovers)} process(es) behind, killed"
@@ -323,7 +330,8 @@ def signature_key(cfg: Config) -> str:
     return ((f"|signature={cfg.signature}" if cfg.signature else "")
             + (f"|with={','.join(cfg.extra)}" if cfg.extra else "")
             + (f"|check-replicas={cfg.check_replicas}" if cfg.check_replicas else "")
-            + (f"|nodes={cfg.nodes[0]}x{cfg.nodes[1]}" if cfg.nodes[0] > 1 else ""))
+            + (f"|nodes={cfg.nodes[0]}x{cfg.nodes[1]}" if cfg.nodes[0] > 1 else "")
+            + (f"|hang={cfg.timeout:g}" if cfg.hang else ""))
 
 
 # -- tiers ---------------------------------------------------------------------------------

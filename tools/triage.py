@@ -67,6 +67,12 @@ FORM = ("Bug description", "What version are you seeing the problem on?", "How t
         "Error messages and logs", "Environment", "More info")
 _APART = r"(?:diverg\w*|drift\w*|out of sync|differ\w*|disagree\w*|not (?:the same|identical))"
 _RANKS = r"(?:ranks?|replicas?|gpus|processes|devices|workers|nodes)\b"
+HANG = re.compile(r"\b(?:hangs?|hanging|hung|stuck|deadlock\w*|never (?:finishes|returns|ends|completes))\b"
+                  r"(?!\s+(?:at|around|near)\s+[\d.]+)", re.I)  # not "loss stuck at 0.69"
+NOT_A_HANG = re.compile(r"\b(?:loss|accuracy|acc|metric|lr|learning rate|value|score)\w*\W+(?:\w+\W+){0,3}$",
+                        re.I)
+DEFAULT_TIMEOUT = 300.0
+HANG_TIMEOUT = 120.0  # seconds: a run of a report that says it hangs is bad when it outlives this
 DRIFT = re.compile(rf"\b{_APART}\b[^.\n]{{0,80}}\b{_RANKS}|\b{_RANKS}[^.\n]{{0,80}}\b{_APART}", re.I)
 _started = time.monotonic()
 
@@ -271,6 +277,66 @@ def pick_script(blocks: list[Block], body: str = "") -> Script | None:
     return None
 
 
+def completed_script(issue: Issue, text: str, t: dict) -> Script | None:
+    """The report's Python snippets (joined in order) completed into a program
+    (``tools/completion.py``) against the newest release's exports: its imports, a model it
+    never makes, a ``fit`` of a module it never trains. None when it still is not one; what is
+    missing then goes in ``t["missing"]``."""
+    from tools import bisect_cli, completion
+
+    def snippets(text: str) -> list[Block]:
+        return [b for b in code_blocks(text) if b.lang in ("", "python", "py", "python3") and b.code.strip()
+                and not _is_traceback(b.code) and _parses(b.code) and not _is_output(b.code)]
+
+    # the reporter's own code: the body's blocks, else one comment's (never a mix of people's)
+    blocks = snippets(issue.body) or next((found for c in issue.comments if (found := snippets(c))), [])
+    if not blocks:
+        t["missing"] = ["the report holds no Python code" + (" (only a diff of a proposed change)" if any(
+            b.lang in ("diff", "patch") for b in code_blocks(issue.body)) else "")]
+        return None
+    code = "\n\n".join(b.code for b in blocks) + "\n"
+    package = completion.guess_package(code, text)
+    try:
+        python = bisect_cli.release_env(package, newest_release(package), NEWEST_TORCH, ())
+    except envs.EnvError as err:
+        t["missing"] = [f"the snippet could not be completed: no environment ({err})"]
+        return None
+    done = completion.complete(code, package, completion.exports(python, package))
+    t["missing"] = done.missing
+    if done.stand_ins and t.get("tracebacks"):  # the traceback came from the reporter's own model
+        t["missing"] = done.missing + [f"the snippet does not make {', '.join(done.stand_ins)}, and the "
+                                       "traceback came from the reporter's own: a stand-in would not "
+                                       "be the reported run"]
+        return None
+    tree = ast.parse(done.code)
+    if not ({"torch", "lightning", "pytorch_lightning"} & _imports(tree) and _builds(tree)):
+        t["missing"] = done.missing + ["no `Trainer` or DDP model is built, and no `LightningModule` "
+                                       "defined to train"]
+        return None
+    t.update(package=package, completion={"changes": done.changes, "diff": done.diff})
+    progress("read", f"the snippet completed: {'; '.join(done.changes)}")
+    return Script(done.code, [(b.line, len(b.code.splitlines())) for b in blocks])
+
+
+def _is_output(code: str) -> bool:
+    """A block of printed output or a shell session, not code (it parses only by chance)."""
+    lines = [line for line in code.splitlines() if line.strip()]
+    return bool(lines) and all(re.match(r"^\s*(?:\$ |>>> |\[rank\d+\]|Epoch \d|GPU available|\d+(?:\.\d+)?$)",
+                                        line) for line in lines)
+
+
+def _assert_message(code: str) -> str | None:
+    """The message of the script's own ``assert`` (a constant one): its failure is what the
+    script shows. A bare ``assert`` says too little (torch's own asserts raise the same class)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    return next((n.msg.value for n in ast.walk(tree) if isinstance(n, ast.Assert)
+                 and isinstance(n.msg, ast.Constant) and isinstance(n.msg.value, str)
+                 and n.msg.value.strip()), None)
+
+
 def _parses(code: str) -> bool:
     try:
         ast.parse(code)
@@ -279,12 +345,56 @@ def _parses(code: str) -> bool:
     return True
 
 
+FRAME_LINE = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "[^"\n]+", line \d+', re.M)
+
+
+def _is_traceback(text: str) -> bool:
+    """A traceback, with its ``Traceback (most recent call last):`` header or without it (pasted
+    from its frames on): frame lines and an exception line after them."""
+    return bool(fingerprint.HEADER.search(text)) or bool(FRAME_LINE.search(text)) and \
+        exception_line(text[FRAME_LINE.search(text).start():]) is not None
+
+
 def tracebacks(text: str) -> list[str]:
     """Every block (or run of plain text) that holds a traceback."""
-    found = [b.code for b in code_blocks(text) if fingerprint.HEADER.search(b.code)]
-    if not found and fingerprint.HEADER.search(text):
+    found = [b.code for b in code_blocks(text) if _is_traceback(b.code)]
+    if not found and _is_traceback(text):
         found = [text]
     return found
+
+
+# an exception a sentence quotes: "... fails with `ValueError: x must be ...`", or unquoted on its line
+PROSE_EXCEPTION = re.compile(
+    r"`(?P<cls>[A-Za-z_][\w.]*(?:Error|Exception))(?::\s*(?P<msg>[^`\n]+))?`"
+    r"|\*\*(?P<cls3>[A-Za-z_][\w.]*(?:Error|Exception)):\s*(?P<msg3>[^*\n]+)\*\*"
+    r"|\b(?P<cls2>[A-Z]\w*(?:Error|Exception)):\s+(?P<msg2>[^\n`*]+?)\s*(?:$|(?<=[.!?])\s)", re.M)
+# a sentence that mentions an exception in passing, not as the error reported
+ELSEWHERE = re.compile(r"\b(?:like|as in|see|similar to|unlike|used to|previously|before|expected|"
+                       r"instead of)\b|#\d+|\bin (?:v?\d+\.\d+|the old)", re.I)
+
+
+def hang_said(body: str):
+    """The words by which the report's own text (not its code, not its comments) says the run
+    hangs ("gets stuck", "never returns"); not a value that is stuck ("the loss is stuck")."""
+    prose = re.sub(r"^\s*(`{3,}|~{3,}).*?^\s*\1", "", body, flags=re.M | re.S)
+    prose = re.sub(r"(?<!\n)\n(?!\n)", " ", prose)
+    return next((m for m in HANG.finditer(prose) if not NOT_A_HANG.search(prose[:m.start()])), None)
+
+
+def prose_exception(text: str) -> tuple[str, str] | None:
+    """(class, message) of an exception the report quotes in a sentence, outside its code
+    blocks (a report without a traceback): the first one with a message, in backticks, in bold,
+    or plain to the end of its sentence; one the sentence only mentions in passing ("like #123",
+    "in 2.3 this raised ...") does not count."""
+    fenced = re.sub(r"^\s*(`{3,}|~{3,}).*?^\s*\1", "", text, flags=re.M | re.S)
+    for m in PROSE_EXCEPTION.finditer(fenced):
+        cls = m["cls"] or m["cls3"] or m["cls2"]
+        msg = (m["msg"] or m["msg3"] or m["msg2"] or "").strip().rstrip(".")
+        before = fenced[:m.start()]
+        sentence = before[max((b.end() for b in re.finditer(r"[.!?]\s|\n", before)), default=0):]
+        if msg and not ELSEWHERE.search(sentence):
+            return cls, msg
+    return None
 
 
 CONSEQUENCES = re.compile(r"ChildFailedError|ProcessRaisedException|ProcessExitedException|"
@@ -308,9 +418,13 @@ def exception_line(traceback: str) -> tuple[str, str] | None:
     return (pick[0][1], pick[0][2]) if pick else None
 
 
-def derive_signature(cls: str, message: str) -> str:
+def derive_signature(cls: str, message: str, quoted: bool = False) -> str:
     """A regex for ``cls: message``: the class, and the message's distinctive part (its first
-    sentence, up to 80 characters) with addresses and numbers generalized, quotes either way."""
+    sentence, up to 80 characters) with addresses and numbers generalized, quotes either way.
+    ``quoted``: a message quoted in prose, where Markdown ate the backticks the real one has
+    around names (``ModelCheckpoint``): a backtick is allowed at every word's edge."""
+    if quoted:
+        message = message.replace("`", "")
     first = re.split(r"(?<=[.:;])\s", message, maxsplit=1)[0]
     if len(first) < 20 or first.endswith(":"):  # "CUDA error:" says little: the next sentence too
         first = message
@@ -324,9 +438,9 @@ def derive_signature(cls: str, message: str) -> str:
         elif token in ("'", '"'):
             parts.append("['\"]")
         else:
-            parts.append(re.escape(token))
+            parts.append(re.escape(token).replace("\\ ", "`?\\ `?") if quoted else re.escape(token))
     short = re.escape(cls.rsplit(".", 1)[-1])
-    return f"{short}: {''.join(parts)}" if parts else short
+    return f"{short}: {'`?' if quoted else ''}{''.join(parts)}" if parts else short
 
 
 def _report_site(traceback: str, signature: str) -> tuple[str, ...] | None:
@@ -341,6 +455,12 @@ def _report_site(traceback: str, signature: str) -> tuple[str, ...] | None:
         if site:
             return _normal(site)
     return None
+
+
+def same_exception_in_own_code(here, site) -> bool:
+    """Both raised in the reporter's own code (not a library frame), the same exception class:
+    the report's function may have been renamed or inlined since its traceback."""
+    return bool(here and site and here[1] == site[1] == "(script)" and here[0] == site[0])
 
 
 def _normal(site: tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -397,9 +517,12 @@ def resolve(package: str, version: str | None) -> str | None:
     return series[-1] if series else None
 
 
-def fingerprinted(frames: list, package: str, repo: str | None) -> str | None:
+def fingerprinted(frames: list, package: str, repo: str | None, t: dict | None = None) -> str | None:
     """The newest release whose source has every quoted line of the traceback's Lightning frames
-    (``nox -s fingerprint``; a Lightning checkout's tags when one is configured, else wheels)."""
+    (``nox -s fingerprint``; a Lightning checkout's tags when one is configured, else wheels);
+    for a lossy traceback (a frame without its line, a line of an edited file) the newest of
+    those that match the most frames, as ``nox -s fingerprint`` ranks them (``t["fingerprint"]``
+    says how many matched)."""
     from packaging.version import Version
 
     mine = [f for f in frames if f.package in fingerprint.PACKAGES[package]]
@@ -417,11 +540,18 @@ def fingerprinted(frames: list, package: str, repo: str | None) -> str | None:
         sources = lambda v: fingerprint.WheelSources(package, v)  # noqa: E731
     progress("read", f"fingerprinting {len(mine)} {package} frame(s) over {len(versions)} releases")
     try:
-        found = fingerprint.fingerprint(mine, package, versions, sources, log=lambda m: None)
+        total, ranking = fingerprint.rank(mine, versions, sources, log=lambda m: None)
     except (OSError, index.UnknownRelease) as err:
         progress("read", f"  fingerprint failed: {err}")
         return None
-    return found[-1] if found else None
+    if not total or not ranking or not ranking[0][0]:
+        return None
+    score, best = ranking[0]
+    if score * 2 < total:  # fewer than half the frames: no release is the reporter's
+        return None
+    if t is not None:
+        t["fingerprint"] = {"matched": score, "frames": total, "releases": best}
+    return best[-1]
 
 
 # -- 2. run it safely ---------------------------------------------------------------------------
@@ -684,10 +814,18 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
         logs += sorted(stem.parent.glob(f"{stem.name}.node*"))  # a job of several nodes: each one's
         text = "\n".join(p.read_text(errors="replace")[-200_000:] for p in logs) if verdict == "bad" else ""
         if verdict == "bad" and site is not None:
-            here = _normal(_crash_site(text, args.signature))
-            if here != site:
+            raw = _crash_site(text, args.signature)
+            here = _normal(raw)
+            if here != site and same_exception_in_own_code(here, site) and Path(raw[1]).name == script.name:
+                # the posted script is often not the one that made the traceback (a helper
+                # inlined, renamed): in the reporter's own code the exception is what counts
+                reason = (f"the signature, raised in the script's `{here[2]}` (the report's traceback: "
+                          f"`{site[2]}`; the script was edited since?)")
+            elif here != site:
                 verdict, reason = "skip", (f"the signature, but raised elsewhere: {here} (reported: "
                                            f"{site})")
+        if getattr(args, "hang", False) and reason.startswith("timed out"):  # the hang the report says
+            verdict, reason = "bad", f"it hangs: {reason}"
         if r.code >= contract.FAIL:
             if r.returncode is None or (r.reason or "").startswith("harness failure"):
                 # the harness could not start it or keep its logs (a full disk): never the script's
@@ -710,7 +848,8 @@ def _cells_key(code: str, args) -> str:
     """What a cell's runs depend on besides its versions: the script as run, how it is judged."""
 
     said = json.dumps([code, args.signature, args.check_replicas, args.timeout, args.trials,
-                       list(getattr(args, "nodes", (1, 1))), sandbox_mode(args)])
+                       list(getattr(args, "nodes", (1, 1))), sandbox_mode(args),
+                       getattr(args, "hang", False)])
     return hashlib.sha256(said.encode()).hexdigest()
 
 
@@ -803,6 +942,8 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
         cmd += ["--signature", args.signature]
     if args.check_replicas:
         cmd.append(f"--check-replicas={args.check_replicas}")
+    if getattr(args, "hang", False):
+        cmd.append("--hang")
     if args.repo:
         cmd += ["--repo", args.repo]
     progress("bisect", shlex.join(cmd[2:]))
@@ -838,6 +979,8 @@ def _nodes_args(args) -> list[str]:
 def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     if not args.minimize_budget:
         return None
+    if getattr(args, "hang", False):  # every candidate would run to its limit
+        return {"exit": None, "lines": None, "why": "a hang is not minimized"}
     target = out / "minimize"
     cmd = [sys.executable, "-m", "tools.minimize", str(script), "--python", str(python), "--budget",
            str(args.minimize_budget), "--out", str(target)]
@@ -976,6 +1119,7 @@ SECRETS = [re.compile(p) for p in (
     r"\b[a-z_][a-z0-9_.-]*:(?:\$[0-9a-z]+\$[^:\s]+|[!*]+[^:\s]*):\d+:",
 )]
 STATUS_CAP = 400  # characters of the comment's first line
+COMPLETED = "(on the report's snippet, completed: see below) "
 
 
 def _redact(text: str) -> str:
@@ -1027,13 +1171,26 @@ def _comment(t: dict) -> str:
         how = [f"- Signature: `{t['signature']}`{source}"]
     if t.get("check_replicas"):
         how.append("- Replica check: on (`--check-replicas`): " + t["replicas_why"])
+    if t.get("hang_why"):
+        how.append("- A hang: a run that outlives its limit is bad (`--hang`): " + t["hang_why"])
     how.append(f"- Sandbox: {t['sandbox'] or 'not needed: nothing was run'}")
     if t.get("versions_said", {}).get("from"):
         how.append("- Versions stated: " + "; ".join(t["versions_said"]["from"]))
     if t.get("versions_fingerprinted"):
+        found = t.get("fingerprint") or {}
+        every = found.get("matched") == found.get("frames") or not found
+        which = ("every quoted line of the traceback's frames" if every else
+                 f"the quoted lines of {found['matched']} of the traceback's {found['frames']} frames, the "
+                 "most of any release")
         how.append(f"- Versions not stated: the reporter's is {t['versions_fingerprinted']}, the newest "
-                   "release whose source has every quoted line of the traceback's frames")
+                   f"release whose source has {which}")
     lines += ["How it was run:", "", *how, ""]
+    if t.get("completion"):
+        fence, said = _fence(t["completion"]["diff"]), "; ".join(t["completion"]["changes"])
+        lines += [f"<details><summary>Completed (assumptions: {said})</summary>", "", f"{fence}diff",
+                  t["completion"]["diff"].rstrip(), fence, "", "</details>", ""]
+    if t.get("missing") and not t.get("cells"):
+        lines += ["What the report does not give:", "", *[f"- {m}" for m in t["missing"]], ""]
     if t.get("port_diff"):
         fence = _fence(t["port_diff"])
         lines += ["<details><summary>CPU port (" + ", ".join(t["port_changes"]) + ")</summary>", "",
@@ -1104,7 +1261,9 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--trials", default="3",
                    help=f"runs per cell (default 3), or auto: {AUTO_TRIALS} per cell, and the bisect's "
                         "--trials auto (from the rate at its bad end)")
-    p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit of a run")
+    p.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT,
+                   help=f"wall-clock limit of a run (default {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s for a "
+                        "report that says it hangs, whose runs are bad when they outlive it)")
     p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
                    help="a Lightning checkout for the commit bisect (default $LIGHTNING_REPO)")
     p.add_argument("--minimize-budget", type=float, default=5.0, metavar="MIN",
@@ -1123,6 +1282,7 @@ def parse_args(argv) -> argparse.Namespace:
                                    "re-run, or a bisect of the same script, runs no step twice)")
     args = p.parse_args(argv)
     args.auto = args.trials == "auto"
+    args.hang = False  # set when the report says it hangs
     args.trials = AUTO_TRIALS if args.auto else (int(args.trials) if args.trials.isdigit() else 0)
     if args.trials < 1:
         raise BadInput("--trials takes a number >= 1, or auto")
@@ -1160,24 +1320,40 @@ def triage(args) -> dict:
     exc = next((e for e in map(exception_line, reversed(tbs)) if e), None)
     if not signature and exc:
         signature, why = derive_signature(*exc), f"from the reported `{exc[0]}`"
+    elif not signature and not tbs and (quoted := prose_exception(text)):
+        signature, why = derive_signature(*quoted, quoted=True), f"from the `{quoted[0]}` the report quotes"
+        t["quoted_error"] = f"{quoted[0]}: {quoted[1]}"
     if signature and tbs:
         site = _report_site("\n".join(tbs), signature)
     check = args.check_replicas
-    drift = DRIFT.search(text)
+    drift = DRIFT.search(re.sub(r"(?<!\n)\n(?!\n)", " ", text))  # (a paragraph wrapped over lines)
     if not check and drift and not exc:
         check = "epoch"
         t["replicas_why"] = f"the report says {drift[0]!r} and shows no exception"
     elif check:
         t["replicas_why"] = "asked for"
+    hang = None if (exc or check or signature) else hang_said(issue.body)
+    if hang:  # a hang is its own signature: a run that outlives the (shorter) limit is bad
+        args.hang = True
+        if args.timeout == DEFAULT_TIMEOUT:
+            args.timeout = HANG_TIMEOUT
+        t["hang_why"] = f"the report says {hang[0]!r} and shows no exception"
     args.signature, args.check_replicas = signature, check
     t.update(signature=signature, signature_from=why, check_replicas=check, site=site)
     frames = [f.label for f in fingerprint.parse("\n".join(tbs))] if tbs else []
     t["frames"] = frames
     if script is None:
-        t["status"] = "no runnable script and no traceback"
-        if not tbs:
-            t["questions"] = questions(issue)
-            raise BadInput(f"{args.issue}: nothing to run and no traceback")
+        script = completed_script(issue, text, t)
+    if script is None and not tbs:
+        t["status"] = "needs a repro: " + "; ".join(t.get("missing") or ["the report holds no code"])
+        if t.get("quoted_error"):
+            t["status"] += f"; the error it quotes: `{t['quoted_error'][:200]}`"
+        matches = known(text)
+        t["questions"] = questions(issue, next((r.issue for r in matches if r.issue), None))
+        if matches:
+            t["known_said"] = [r.issue or r.name for r in matches]
+        return _finish(t, out)
+    if script is None:
         t["status"] = (f"no runnable script in the report; {len(frames)} Lightning/torch frames in its "
                        f"traceback, signature `{signature}`")
         matches = known("\n".join(tbs))
@@ -1185,8 +1361,8 @@ def triage(args) -> dict:
         if matches:
             t["status"] += "; " + traceback_matches(matches, tbs, said, args, out, t)
         return _finish(t, out)
-    package = "lightning" if re.search(r"^\s*(?:import|from)\s+lightning\b", script.code, re.M) \
-        else "pytorch-lightning"
+    package = t.get("package") or ("lightning" if re.search(r"^\s*(?:import|from)\s+lightning\b", script.code,
+                                                           re.M) else "pytorch-lightning")
     t.update(script_origin=script.origin, package=package)
     if script.problem:
         t["status"] = f"cannot run the script: {script.problem}"
@@ -1214,13 +1390,17 @@ def triage(args) -> dict:
     t.update(port_changes=changes, port_diff=diff, nodes=list(nodes))
     path = out / "script.py"
     results.write_atomic(path, code)
-    if not (signature or check):
+    if not (signature or check or args.hang) and (asserted := _assert_message(code)):  # its own check
+        signature, why = derive_signature("AssertionError", asserted), "the script's own `assert`"
+        args.signature = signature
+        t.update(signature=signature, signature_from=why)
+    if not (signature or check or args.hang):
         t["status"] = "no signature: the report shows no exception and no drift; give --signature"
         t["questions"] = questions(issue)
         return _finish(t, out)
     reporter = resolve(package, said["lightning"])
     if reporter is None and tbs:  # not stated: the release whose source has the traceback's lines
-        reporter = fingerprinted(fingerprint.parse("\n".join(tbs)), package, args.repo)
+        reporter = fingerprinted(fingerprint.parse("\n".join(tbs)), package, args.repo, t)
         if reporter:
             t["versions_fingerprinted"] = reporter
     newest = newest_release(package)
@@ -1252,6 +1432,8 @@ def triage(args) -> dict:
     same = old is not None and old.lightning == new.lightning  # one release, two torches
     if new.bad:
         t["status"] = f"reproduced {new.rate} on {where}{at_master}"
+        if args.hang and any(r.startswith("it hangs") for r in new.reasons):
+            t["status"] += f" (it hangs: each bad run outlived its {args.timeout:g} s limit)"
         if old is not None:
             t["status"] += f"; {old.rate} on the reporter's {old.lightning} + torch {old.torch}"
         t["status"] += _unstable(unstable)
@@ -1264,6 +1446,8 @@ def triage(args) -> dict:
             oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
             t["bisect"] = bisect(path, args, out, oldest, package)
             t["status"] += "; " + _bisect_status(t["bisect"])
+            if ((t["bisect"] or {}).get("releases") or {}).get("outcome", {}).get("status") == "no-good":
+                t["status"] += deliberate(SEEN.get(new.label, ""))
         t["minimized"] = minimize(path, args, out, new.python) if new.python else None
     elif old is not None and old.bad:
         t["status"] = (f"reproduced {old.rate} on the reporter's {old.lightning} + torch {old.torch}, "
@@ -1333,7 +1517,10 @@ def traceback_matches(matches: list, tbs: list[str], said: dict, args, out: Path
     lightning = resolve(package, said["lightning"])
     how = "stated"
     if lightning is None:
-        lightning, how = fingerprinted(fingerprint.parse(text), package, args.repo), "fingerprinted"
+        lightning, how = fingerprinted(fingerprint.parse(text), package, args.repo, t), "fingerprinted"
+        found = t.get("fingerprint") or {}
+        if lightning and found["matched"] < found["frames"]:
+            how = f"fingerprinted: the best match, {found['matched']} of {found['frames']} frames"
     if lightning is None:
         lightning, how = newest_release(package), "unknown: the newest"
     torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
@@ -1366,6 +1553,21 @@ def _unstable(cells: list) -> str:
             "ran with --trials auto")
 
 
+def deliberate(output: str) -> str:
+    """A failure Lightning raises on purpose (its last frame a ``raise`` in Lightning's own code,
+    a check of the user's input): the status's words quoting that check's message, else ""."""
+    tb = "\n".join(tracebacks(output))
+    frames = fingerprint.parse(tb) if tb else []
+    exc = exception_line(tb) if tb else None
+    last = frames[-1] if frames else None
+    if not (exc and last and last.package in ("lightning", "fabric")
+            and (last.code or "").startswith("raise")):
+        return ""
+    quoted = f"{exc[0]}: {exc[1][:200]}"
+    quoted = f"`` {quoted} ``" if "`" in quoted else f"`{quoted}`"  # (Markdown: a message with backticks)
+    return f"; Lightning raises it on purpose ({last.package}:{last.rel}): {quoted}"
+
+
 def _bisect_status(b: dict | None) -> str:
     if not b:
         return "the bisect gave no report"
@@ -1388,7 +1590,8 @@ def _bisect_status(b: dict | None) -> str:
             text += f", by commit {sha[:12]}" + (f" (#{pr})" if pr else "")
         return text
     if rel.get("status") == "no-good":
-        return "the bug showed in no release the fix bisect tested" if fix else "bad in every release tested"
+        return ("the bug showed in no release the fix bisect tested" if fix else
+                f"the same in every release tested since {what}{rel.get('first_bad')}: not a regression")
     return f"bisect: {rel.get('status') or 'no answer'}"
 
 
@@ -1397,6 +1600,8 @@ def _save(t: dict, out: Path) -> None:
 
 
 def _finish(t: dict, out: Path) -> dict:
+    if t.get("completion") and not t["status"].startswith(COMPLETED):  # a verdict on an assumption
+        t["status"] = COMPLETED + t["status"]
     t["seconds"] = round(time.monotonic() - _started, 1)
     _save(t, out)
     results.write_atomic(out / "comment.md", comment(t))

@@ -70,10 +70,11 @@ def interrupts_unwind():
 
     A Ctrl-C comes more than once (from the terminal, then forwarded by the noxfile's runner; plain
     ``session.run`` sends SIGTERM 0.3 s after it): once the first interrupt is on its way, later
-    ones are ignored, or they would cut that cleanup short. A signal ignored when we started (a
-    job started in the background) stays ignored.
+    ones are ignored, or they would cut that cleanup short, and they stay ignored to the exit.
+    A signal ignored when we started (a job started in the background) stays ignored.
     """
     def interrupted(signum, frame):
+        fired.append(signum)
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
@@ -81,12 +82,15 @@ def interrupts_unwind():
     # None: a handler not installed from Python, which could not be put back
     previous = {sig: handler for sig in INTERRUPTS
                 if (handler := signal.getsignal(sig)) not in (signal.SIG_IGN, None)}
+    fired: list[int] = []
     for sig in previous:
         signal.signal(sig, interrupted)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
+        # once interrupted the program is ending: a late second Ctrl-C (a forwarded one, on a busy
+        # machine) must not turn the exit 130 into a death by SIGINT
+        for sig, handler in previous.items() if not fired else ():
             signal.signal(sig, handler)
 
 

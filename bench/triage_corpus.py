@@ -1,0 +1,59 @@
+"""The triage on the corpus of report shapes (tests/fixtures/issues/expected.toml): each report
+triaged once (one run per cell, the release bisect, no minimization, no commit tier), its
+comment's first line against the one expected; a table (expected, got, seconds) and the accuracy.
+
+    python bench/triage_corpus.py --python .nox/tests/bin/python [--only NAME ...] [--out FILE]
+"""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ISSUES = ROOT / "tests" / "fixtures" / "issues"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--python", required=True, help="the workspace's interpreter (the triage session's)")
+    p.add_argument("--only", nargs="*", help="these reports only")
+    p.add_argument("--out", help="also write the rows as JSON here")
+    a = p.parse_args()
+    expected = tomllib.loads((ISSUES / "expected.toml").read_text())
+    rows = []
+    for name, case in expected.items():
+        if a.only and name not in a.only:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.monotonic()
+            proc = subprocess.run([a.python, "-m", "tools.triage", str(ISSUES / f"{name}.md"),
+                                   "--trials", "1", "--minimize-budget", "0", "--repo", "", "--out", tmp,
+                                   "--state", str(Path(tmp) / "state.json")],
+                                  cwd=ROOT, capture_output=True, text=True)
+            seconds = round(time.monotonic() - started)
+            comment = Path(tmp) / "comment.md"
+            got = (comment.read_text().splitlines()[0].removeprefix("**Triage:** ") if comment.exists()
+                   else f"(exit {proc.returncode}: {(proc.stderr.strip().splitlines() or ['?'])[-1]})")
+        ok = re.match(case["first"], got) is not None
+        rows.append({"report": name, "shape": case["shape"], "expected": case["first"], "got": got,
+                     "seconds": seconds, "ok": ok})
+        print(f"{'ok ' if ok else 'NO '} {name} ({seconds} s): {got[:160]}", file=sys.stderr, flush=True)
+    print("| report | shape | expected | got | s | |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['report']} | {r['shape']} | `{r['expected']}` | {r['got'][:200].replace('|', '/')} | "
+              f"{r['seconds']} | {'ok' if r['ok'] else '**no**'} |")
+    right = sum(r["ok"] for r in rows)
+    share = right / max(len(rows), 1)
+    print(f"\n{right} of {len(rows)} reports give their expected first line ({share:.0%})")
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
