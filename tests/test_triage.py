@@ -705,7 +705,7 @@ def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resu
         folders.append(t["out"])
         assert (Path(t["out"]) / "comment.md").is_file()
     assert folders[0] != folders[1] and folders[0] == folders[2], folders
-    assert Path(folders[0]).name.startswith("issue-") and Path(folders[1]).name.startswith("issue-")
+    assert all(re.fullmatch(r"issue-[0-9a-f]{8}", Path(f).name) for f in folders), folders  # one hash
     assert [o for o, _ in runs].count(folders[0]) == 2  # the first triage's two cells, not again
     assert [o for o, _ in runs].count(folders[1]) == 2
 

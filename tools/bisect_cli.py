@@ -82,6 +82,7 @@ class Config:
     jobs: int = 1  # --jobs: candidates tested at once per round
     nodes: tuple[int, int] = (1, 1)  # --nodes, --ranks-per-node: every run as a job of N nodes
     hang: bool = False  # --hang: the bug is a hang; a run that outlives --timeout is bad
+    bad_output: str | None = None  # --bad-output: bad when a run that exits 0 prints it
 
     @property
     def repro_text(self) -> str:
@@ -159,6 +160,9 @@ def parse_args(argv) -> Config:
     contract.add_sandbox(p, "run the repro")
     p.add_argument("--hang", action="store_true",
                    help="the bug is a hang: a run that outlives --timeout is bad (no --signature needed)")
+    p.add_argument("--bad-output", metavar="REGEX",
+                   help="the bug is a behaviour, no exception: a run that exits 0 and prints a line "
+                        "REGEX matches is bad (no --signature needed)")
     slurm_jobs.add_options(p)
     argv, rest = list(argv), None
     if "--" in argv:
@@ -172,12 +176,13 @@ def parse_args(argv) -> Config:
     run_as = harness.how_to_run(repro, "--repro", args.repro)
     own = own_repro(repro)
     verdict_line = own is not None and own.verdict_line or args.verdict_line
-    if not (verdict_line or args.signature or args.check_replicas or args.hang):
+    if not (verdict_line or args.signature or args.check_replicas or args.hang or args.bad_output):
         raise BadInput(f"--repro {args.repro} prints no verdict line: give --signature REGEX (what "
                        "its output shows when the bug is there), --check-replicas for a silent "
-                       "divergence, --hang for a hang, or --verdict-line if it prints the contract's "
-                       "verdict line")
+                       "divergence, --hang for a hang, --bad-output REGEX for a behaviour, or "
+                       "--verdict-line if it prints the contract's verdict line")
     contract.check_signature(args.signature)
+    contract.check_signature(args.bad_output, "--bad-output")
     trials = contract.check_trials(args.trials)
     if args.timeout <= 0:
         raise BadInput("--timeout must be > 0")
@@ -208,7 +213,7 @@ def parse_args(argv) -> Config:
                   own is not None, trials, args.timeout, args.signature, Path(args.state),
                   Path(args.out) if args.out else None, args.fresh_process, slurm, tuple(args.extra),
                   args.check_replicas, args.sandbox, args.find_fix, jobs, (args.nodes, args.ranks_per_node),
-                  args.hang)
+                  args.hang, args.bad_output)
 
 
 def round_scope(cfg: Config):
@@ -257,7 +262,8 @@ def run_repro(cfg: Config, out: Path, python: Path, extra_env: dict | None = Non
     if LAUNCHER is None:
         LAUNCHER = launcher_for(cfg, out)
     r = LAUNCHER.run(Run(tuple(argv), python, kind=cfg.run_as, env=extra_env or {}, timeout=cfg.timeout,
-                         signature=cfg.signature, log_stem=log_stem, own=cfg.preload, code=candidate,
+                         signature=cfg.signature, bad_output=cfg.bad_output, log_stem=log_stem,
+                         own=cfg.preload, code=candidate,
                          check_replicas=cfg.check_replicas, sandbox=cfg.sandbox,
                          multinode=own.multinode if own else "torchrun"))
     if cfg.hang and (r.reason or "").startswith("timed out"):  # a hang is the bug's signature
@@ -331,7 +337,8 @@ def signature_key(cfg: Config) -> str:
             + (f"|with={','.join(cfg.extra)}" if cfg.extra else "")
             + (f"|check-replicas={cfg.check_replicas}" if cfg.check_replicas else "")
             + (f"|nodes={cfg.nodes[0]}x{cfg.nodes[1]}" if cfg.nodes[0] > 1 else "")
-            + (f"|hang={cfg.timeout:g}" if cfg.hang else ""))
+            + (f"|hang={cfg.timeout:g}" if cfg.hang else "")
+            + (f"|bad-output={cfg.bad_output}" if cfg.bad_output else ""))
 
 
 # -- tiers ---------------------------------------------------------------------------------
@@ -595,6 +602,7 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
     torch = commit["torch"] if commit else cfg.torch
     lines += ["", f"Repro: `{cfg.repro_text}`" +
               (f", bad when the output matches `/{cfg.signature}/`" if cfg.signature else "") +
+              (f", bad when a run that exits 0 prints `/{cfg.bad_output}/`" if cfg.bad_output else "") +
               (f", replicas checked (`--check-replicas={cfg.check_replicas}`: bad when they "
                "diverge)" if cfg.check_replicas else "") +
               "; trials per step: " + "; ".join(trials_text(t["bisector"]) for t in

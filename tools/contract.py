@@ -218,13 +218,13 @@ def _tail(text: str) -> str:
     return (text.strip().splitlines() or [""])[-1][:200]
 
 
-def check_signature(signature: str | None) -> str | None:
+def check_signature(signature: str | None, option: str = "--signature") -> str | None:
     """A ``--signature`` regex, compiled once to reject a bad one before any run."""
     if signature is not None:
         try:
             re.compile(signature)
         except re.error as err:
-            raise BadInput(f"--signature {signature!r} is not a valid regex: {err}") from None
+            raise BadInput(f"{option} {signature!r} is not a valid regex: {err}") from None
     return signature
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -44,6 +45,7 @@ class Run:
     cwd: Path | None = None
     timeout: float = 600.0
     signature: str | None = None  # bad when the output shows it (a script without a verdict line)
+    bad_output: str | None = None  # bad when a run that exits 0 prints it (a behaviour, no exception)
     log_stem: Path | None = None
     own: bool = False  # one of the workspace's repros: it may run as a fork of a preloaded runner
     code: str = ""  # what the preloaded imports stand for (a bisect candidate): another is a new runner
@@ -96,6 +98,8 @@ class Launcher:
         self.forked: bool | None = None  # did the last preloaded run fork (False: the preload failed)
 
     def run(self, run: Run) -> harness.RunResult:
+        if run.bad_output:
+            return self._behaved(run)
         if run.check_replicas:
             return self._checked(run)
         if run.sandbox:
@@ -155,6 +159,16 @@ class Launcher:
         return nodes.run_job([python, *argv], nodes=how.nodes, per_node=how.ranks_per_node,
                              timeout=run.timeout, log_stem=run.log_stem, signature=run.signature,
                              env=run.environment(), progress=self.log)
+
+    def _behaved(self, run: Run) -> harness.RunResult:
+        """``run`` judged by what it prints as well: a run that exits 0 (good by the contract) and
+        prints ``bad_output`` behaves as the broken release does, and is bad. A regression that
+        raises nothing (the triage's differential finds the line)."""
+        result = self.run(replace(run, bad_output=None))
+        if result.code == contract.GOOD and printed(result, run.bad_output):
+            result.code, result.verdict, result.final = contract.BAD, "bad", True
+            result.reason = f"exit 0, but it prints /{run.bad_output}/: the broken release's behaviour"
+        return result
 
     def _checked(self, run: Run) -> harness.RunResult:
         """``run`` with the replica check on its path (a fresh interpreter: the check hooks into
@@ -268,3 +282,15 @@ def _job_result(outer: harness.RunResult) -> harness.RunResult:
                              outer.seconds, outer.returncode, record if isinstance(record, dict) else None,
                              stdout_path=outer.stdout_path, stderr_path=outer.stderr_path,
                              leftovers=outer.leftovers, final=job.get("final") is True)
+
+
+def printed(result: harness.RunResult, pattern: str) -> bool:
+    """Whether a run's output (its logs, as capped where it ran) has a line ``pattern`` matches."""
+    found = re.compile(pattern, re.M)
+    for path in (result.stdout_path, result.stderr_path):
+        try:
+            if path and found.search(Path(path).read_text(errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False

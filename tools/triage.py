@@ -94,11 +94,9 @@ class Issue:
 
     @property
     def folder(self) -> str:
-        """Its results folder: ``id`` for a URL; for a saved issue, its name and which file it is
-        (two ``issue.md`` of two folders are two triages; the same file triaged again resumes)."""
-        if ISSUE_URL.match(re.sub(r"[#?].*$", "", self.source)):
-            return self.id
-        return f"{self.id}-{hashlib.sha256(str(Path(self.source).resolve()).encode()).hexdigest()[:8]}"
+        """Its results folder: ``id`` (for a saved issue, ``_file_id``: its name and which file it
+        is, so two ``issue.md`` of two folders are two triages; the same file triaged again resumes)."""
+        return self.id
 
 
 def read_issue(spec: str) -> Issue:
@@ -807,7 +805,7 @@ def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site
         name = cell.lightning.replace(" ", "-")
         stem = out / "logs" / f"{cell.package}-{name}-torch{cell.torch}-{trial + 1}"
         r = launcher.run(Run((str(script),), python, env=env, timeout=args.timeout, signature=args.signature,
-                             log_stem=stem, check_replicas=args.check_replicas,
+                             bad_output=args.bad_output, log_stem=stem, check_replicas=args.check_replicas,
                              sandbox=sandbox_mode(args)))
         verdict, reason = r.verdict, r.reason or ""
         logs = [Path(p) for p in (r.stdout_path, r.stderr_path) if p and Path(p).exists()]
@@ -849,7 +847,7 @@ def _cells_key(code: str, args) -> str:
 
     said = json.dumps([code, args.signature, args.check_replicas, args.timeout, args.trials,
                        list(getattr(args, "nodes", (1, 1))), sandbox_mode(args),
-                       getattr(args, "hang", False)])
+                       getattr(args, "hang", False), getattr(args, "bad_output", None)])
     return hashlib.sha256(said.encode()).hexdigest()
 
 
@@ -944,6 +942,8 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
         cmd.append(f"--check-replicas={args.check_replicas}")
     if getattr(args, "hang", False):
         cmd.append("--hang")
+    if getattr(args, "bad_output", None):
+        cmd += ["--bad-output", args.bad_output]
     if args.repo:
         cmd += ["--repo", args.repo]
     progress("bisect", shlex.join(cmd[2:]))
@@ -981,6 +981,8 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
         return None
     if getattr(args, "hang", False):  # every candidate would run to its limit
         return {"exit": None, "lines": None, "why": "a hang is not minimized"}
+    if getattr(args, "bad_output", None):
+        return {"exit": None, "lines": None, "why": "a behaviour without an exception is not minimized"}
     target = out / "minimize"
     cmd = [sys.executable, "-m", "tools.minimize", str(script), "--python", str(python), "--budget",
            str(args.minimize_budget), "--out", str(target)]
@@ -1169,6 +1171,14 @@ def _comment(t: dict) -> str:
     if t.get("signature"):
         source = f" ({t['signature_from']})" if t.get("signature_from") else ""
         how = [f"- Signature: `{t['signature']}`{source}"]
+    if t.get("bad_output"):
+        how = [f"- Bad when a run exits 0 and prints `{t['bad_output']}` (`--bad-output`): "
+               f"{t['signature_from']}"]
+    d = t.get("differential") or {}
+    if d:
+        ran = (f"ran once in {d['broken']} (exit {d['broken_exit']}) and in {d['worked']} (exit "
+               f"{d['worked_exit']}), torch {d['torch']}" if "worked_exit" in d else "not run")
+        how.append(f"- The report says {d['said']!r}: {ran}" + (f"; {d['why']}" if d.get("why") else ""))
     if t.get("check_replicas"):
         how.append("- Replica check: on (`--check-replicas`): " + t["replicas_why"])
     if t.get("hang_why"):
@@ -1283,6 +1293,7 @@ def parse_args(argv) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.auto = args.trials == "auto"
     args.hang = False  # set when the report says it hangs
+    args.bad_output = None  # set by the differential: a behaviour the broken release prints
     args.trials = AUTO_TRIALS if args.auto else (int(args.trials) if args.trials.isdigit() else 0)
     if args.trials < 1:
         raise BadInput("--trials takes a number >= 1, or auto")
@@ -1394,8 +1405,12 @@ def triage(args) -> dict:
         signature, why = derive_signature("AssertionError", asserted), "the script's own `assert`"
         args.signature = signature
         t.update(signature=signature, signature_from=why)
-    if not (signature or check or args.hang):
+    if not (signature or check or args.hang) and differential(issue, path, args, out, package, said, t):
+        signature = args.signature
+    if not (signature or check or args.hang or args.bad_output):
         t["status"] = "no signature: the report shows no exception and no drift; give --signature"
+        if (t.get("differential") or {}).get("why"):
+            t["status"] += f"; the differential: {t['differential']['why']}"
         t["questions"] = questions(issue)
         return _finish(t, out)
     reporter = resolve(package, said["lightning"])
@@ -1443,8 +1458,9 @@ def triage(args) -> dict:
                                                                                   new.torch))
             t["status"] += "; " + _bisect_status(t["bisect"])
         elif not args.no_bisect:
-            oldest = min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
-            t["bisect"] = bisect(path, args, out, oldest, package)
+            oldest = t.get("worked") or min(["2.0.0", *([old.lightning] if old is not None else [])], key=_v)
+            t["bisect"] = bisect(path, args, out, oldest, package, t.get("differential", {}).get("torch")
+                                 or NEWEST_TORCH)
             t["status"] += "; " + _bisect_status(t["bisect"])
             if ((t["bisect"] or {}).get("releases") or {}).get("outcome", {}).get("status") == "no-good":
                 t["status"] += deliberate(SEEN.get(new.label, ""))
@@ -1475,6 +1491,55 @@ def triage(args) -> dict:
         t["status"] = f"did not reproduce: {', '.join(f'{c.rate} on {c.lightning}' for c in cells)}"
         t["questions"] = questions(issue)
     return _finish(t, out)
+
+
+def differential(issue: Issue, path: Path, args, out: Path, package: str, said: dict, t: dict) -> bool:
+    """A report that names a release that worked and shows no exception: the script run once in
+    that release and once in the broken one, and what tells them apart made the predicate
+    (``tools/differential.py``). True when it found one (``args.signature`` or
+    ``args.bad_output`` set); ``t["differential"]`` says what ran, or why there is none."""
+    from tools import bisect_cli
+    from tools import differential as diff
+
+    worked = diff.worked_release(issue.body)
+    if worked is None:
+        return False
+    good = resolve(package, worked.release)
+    bad = resolve(package, said["lightning"] or worked.broken) or newest_release(package)
+    d = t["differential"] = {"said": worked.phrase, "worked": good, "broken": bad}
+    if good is None or _v(good) >= _v(bad):
+        d["why"] = (f"the release it says worked ({worked.release}) is no {package} release older than "
+                    f"{bad}")
+        return False
+    torch = said["torch"] if said["torch"] and said["torch"].count(".") == 2 else envs.era_torch(
+        index.release(package, bad).uploaded)
+    d["torch"] = torch
+    ran = {}
+    with Launcher(How(nodes=args.nodes[0], ranks_per_node=args.nodes[1])) as launcher:
+        for label, release in (("broken", bad), ("worked", good)):
+            progress("run", f"differential: the {label} {package} {release} + torch {torch}, once")
+            try:
+                python = bisect_cli.release_env(package, release, torch, ())
+            except envs.EnvError as err:
+                d["why"] = f"no environment for {release}: {err}"
+                return False
+            r = launcher.run(Run((str(path),), python, timeout=args.timeout, sandbox=sandbox_mode(args),
+                                 log_stem=out / "logs" / f"differential-{label}-{package}-{release}"))
+            if r.code >= contract.FAIL and (r.returncode is None or (r.reason or "").startswith("harness")):
+                raise HarnessFailure(f"the differential's {label} run: {r.reason}")
+            ran[label] = (r.returncode, diff.output(r))
+            d[f"{label}_exit"] = r.returncode
+    raised = next((e for e in map(exception_line, reversed(tracebacks(ran["broken"][1]))) if e), None)
+    found = diff.predicate(ran["broken"], ran["worked"], "\n".join([issue.body, *issue.comments]),
+                           derive_signature(*raised) if raised else None)
+    if isinstance(found, str):
+        d["why"] = f"{found} ({bad} against {good})"
+        return False
+    setattr(args, found.option, found.regex)
+    t["worked"] = good
+    t.update(signature=args.signature, bad_output=args.bad_output,
+             signature_from=f"the differential of {bad} against {good}: {found.why}")
+    return True
 
 
 def known_bug(script: Path, package: str, cell: Cell, args, out: Path, t: dict) -> str:
