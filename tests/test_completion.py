@@ -1,4 +1,4 @@
-"""A report's snippet completed into a program (tools/completion.py), against the exports of the
+"""A report's snippet completed into a program (tools/triage/complete.py), against the exports of the
 release installed in the test environment (real pytorch_lightning and torch, read by running
 its interpreter)."""
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tools import completion
+from tools.triage import complete as completion
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The differential (``tools/differential.py``): a report that names a release that worked and
+"""The differential (``tools/triage/differential.py``): a report that names a release that worked and
 shows no exception gets its predicate from one run in each release; ``--bad-output`` judges a run
 that exits 0 by what it prints (``Launcher`` and ``nox -s bisect``)."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tools import contract, sandbox, triage
-from tools.differential import Predicate, predicate, worked_release
 from tools.launcher import Launcher, Run
+from tools.triage.differential import Predicate, predicate, worked_release
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "issues"
@@ -131,8 +131,8 @@ def test_a_differential_that_finds_nothing_the_report_shows_says_why_and_asks(tm
     report.write_text("# no change\n\nSince upgrading from 2.5.4 to 2.6.0 it is slower.\n\n```python\n"
                       "import pytorch_lightning as pl\n\ntrainer = pl.Trainer(max_epochs=1)\n"
                       "print('done')\n```\n")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
     from tools import bisect_cli, harness
 

@@ -10,23 +10,34 @@ import ast
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
-MODULES = {p.stem: p for p in TOOLS.glob("*.py") if p.stem != "__init__"}
+# a module, or a package of modules (``tools/triage/``): ``name`` or ``package.module``, its file
+MODULES = {".".join(p.relative_to(TOOLS).with_suffix("").parts).removesuffix(".__init__"): p
+           for p in TOOLS.rglob("*.py") if p.parent == TOOLS and p.stem != "__init__"
+           or (p.parent / "__init__.py").is_file() and p.parent != TOOLS and p.stem != "__main__"}
 # the launcher and what it stands on; stress.py runs the catalogue's forked workers inside its repro
 LAUNCH_FLOORS = {"launcher", "harness", "preloaded", "nodes", "slurm_jobs", "stress"}
 STARTS_A_RUN = {("harness", "run"), ("harness", "run_forked"), ("nodes", "run_job"),
                 ("slurm_jobs", "run"), ("preloaded", "Runner")}
 
 
+def _unit(dotted: str) -> str | None:
+    """``tools.triage.read`` -> ``triage.read``: the longest module of ``MODULES`` it names."""
+    parts = dotted.split(".")[1:]
+    while parts and ".".join(parts) not in MODULES:
+        parts.pop()
+    return ".".join(parts) or None
+
+
 def imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module == "tools":
-            found |= {a.name for a in node.names if a.name in MODULES}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tools."):
-            found.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tools":
+            # ``from tools.triage import read``: the module read, else the package's names
+            found |= {_unit(f"{node.module}.{a.name}") for a in node.names}
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("tools.")}
-    return found - {path.stem}
+            found |= {_unit(a.name) for a in node.names if a.name.startswith("tools.")}
+    this = next(name for name, p in MODULES.items() if p == path)
+    return found - {this, None}
 
 
 def test_no_import_cycle_among_the_tools_modules():
@@ -50,6 +61,7 @@ def test_only_the_launcher_and_its_floors_start_runs():
     for name, path in MODULES.items():
         if name in LAUNCH_FLOORS:
             continue
+        name = str(path.relative_to(TOOLS).with_suffix(""))
         tree = ast.parse(path.read_text())
         aliases = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                    and n.module and n.module.startswith("tools") for a in n.names}

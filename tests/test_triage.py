@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ISSUES = ROOT / "tests" / "fixtures" / "issues"
 
 
-def issue(name: str) -> triage.Issue:
-    return triage.read_issue(str(ISSUES / name))
+def issue(name: str) -> triage.read.Issue:
+    return triage.read.read_issue(str(ISSUES / name))
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -32,43 +32,43 @@ def issue(name: str) -> triage.Issue:
 def test_the_forms_sections_script_versions_and_drift_are_read():
     i = issue("drift_after_unfreeze.md")
     assert i.title == "Ranks disagree after the backbone starts training"
-    assert set(triage.FORM) <= set(triage.sections(i.body))
-    script = triage.pick_script(triage.code_blocks(i.body))
+    assert set(triage.read.FORM) <= set(triage.read.sections(i.body))
+    script = triage.read.pick_script(triage.read.code_blocks(i.body))
     assert script.problem is None and script.origin == [(16, 26)]
     assert script.code.splitlines()[0] == "import torch"  # the reporter's text, as pasted
-    said = triage.stated_versions(i)
+    said = triage.read.stated_versions(i)
     assert (said["lightning"], said["torch"]) == ("2.5.0", "2.13.0")
-    assert triage.tracebacks(i.body) == []
-    assert triage.DRIFT.search(i.body)
+    assert triage.read.tracebacks(i.body) == []
+    assert triage.signatures.DRIFT.search(i.body)
 
 
 def test_a_module_then_a_main_in_two_blocks_are_joined_in_order():
     i = issue("two_blocks.md")
-    script = triage.pick_script(triage.code_blocks(i.body))
+    script = triage.read.pick_script(triage.read.code_blocks(i.body))
     assert len(script.origin) == 2
     assert script.code.index("class Net") < script.code.index('if __name__ == "__main__":')
 
 
 def test_the_signature_is_the_reported_exception_never_generic():
-    (tb,) = triage.tracebacks(issue("traceback_only.md").body)
-    cls, message = triage.exception_line(tb)  # through the [rank5]: prefixes
+    (tb,) = triage.read.tracebacks(issue("traceback_only.md").body)
+    cls, message = triage.read.exception_line(tb)  # through the [rank5]: prefixes
     assert (cls, message) == ("AttributeError", "'NoneType' object has no attribute 'reducer'")
-    signature = triage.derive_signature(cls, message)
+    signature = triage.signatures.derive_signature(cls, message)
     assert re.search(signature, "AttributeError: 'NoneType' object has no attribute 'reducer'")
     assert not re.search(signature, "AttributeError: 'NoneType' object has no attribute 'module'")
     assert not re.search(signature, "RuntimeError: 'NoneType' object has no attribute 'reducer'")
-    (tb,) = triage.tracebacks(issue("two_blocks.md").body)
-    signature = triage.derive_signature(*triage.exception_line(tb))
+    (tb,) = triage.read.tracebacks(issue("two_blocks.md").body)
+    signature = triage.signatures.derive_signature(*triage.read.exception_line(tb))
     assert re.search(signature, "AssertionError: step is 7 at 0x1b2c, expected 10")  # numbers, addresses
 
 
 def test_an_assertion_in_the_users_code_is_located_by_function_not_by_path():
-    (tb,) = triage.tracebacks(issue("two_blocks.md").body)
-    signature = triage.derive_signature(*triage.exception_line(tb))
-    assert triage._report_site(tb, signature) == ("AssertionError", "(script)", "<module>")
-    (tb,) = triage.tracebacks(issue("traceback_only.md").body)
-    signature = triage.derive_signature(*triage.exception_line(tb))
-    assert triage._report_site(tb, signature) == (
+    (tb,) = triage.read.tracebacks(issue("two_blocks.md").body)
+    signature = triage.signatures.derive_signature(*triage.read.exception_line(tb))
+    assert triage.signatures.report_site(tb, signature) == ("AssertionError", "(script)", "<module>")
+    (tb,) = triage.read.tracebacks(issue("traceback_only.md").body)
+    signature = triage.signatures.derive_signature(*triage.read.exception_line(tb))
+    assert triage.signatures.report_site(tb, signature) == (
         "AttributeError", "torch:nn/parallel/distributed.py", "backward")
 
 
@@ -79,7 +79,7 @@ def test_an_assertion_in_the_users_code_is_located_by_function_not_by_path():
     ("It broke since upgrading to 2.5.0 last week.", "2.5.0", None),
 ])
 def test_stated_versions(text, lightning, torch):
-    said = triage.stated_versions(triage.Issue("x", "x", "x", text))
+    said = triage.read.stated_versions(triage.read.Issue("x", "x", "x", text))
     assert (said["lightning"], said["torch"]) == (lightning, torch)
     assert said["from"]
 
@@ -93,19 +93,19 @@ def test_downloads_shell_outs_built_code_and_outside_writes_are_refused():
         "exec(open('x').read())", "open('/etc/motd', 'w')", "shutil.rmtree('/data')",
         "Path('~/x').write_text('1')", "torch.hub.load('a', 'b')", "AutoModel.from_pretrained('bert')",
     ])
-    found = triage.dangerous(code)
+    found = triage.port.dangerous(code)
     for what in ("imports requests", "runs a command", "download=True", "string built at run time",
                  "outside the working folder", "torch.hub.load() downloads", "from_pretrained() downloads"):
         assert any(what in f for f in found), (what, found)
     assert all(f.startswith("line ") for f in found)
     benign = "import torch\nopen('/etc/hostname').read()\nopen('out.txt', 'w')\neval('1 + 1')\n"
-    assert triage.dangerous(benign) == []
+    assert triage.port.dangerous(benign) == []
 
 
 def test_the_cpu_port_changes_only_the_named_arguments_and_shows_them():
     source = (ISSUES / "two_blocks.md").read_text()
-    code = triage.pick_script(triage.code_blocks(source)).code
-    new, changes, diff = triage.cpu_port(code)
+    code = triage.read.pick_script(triage.read.code_blocks(source)).code
+    new, changes, diff = triage.port.cpu_port(code)
     assert changes == ["accelerator='cuda' -> 'cpu'", "precision='16-mixed' -> 'bf16-mixed'",
                        "Net().cuda() -> Net()"]  # in the order of the source
     assert ("trainer = pl.Trainer(accelerator='cpu', devices=2, strategy=\"ddp\", "
@@ -114,7 +114,7 @@ def test_the_cpu_port_changes_only_the_named_arguments_and_shows_them():
     untouched = [line for line in code.splitlines() if "Trainer" not in line and "fit(" not in line]
     assert all(line in new.splitlines() for line in untouched)
     assert diff.startswith("--- reported.py\n+++ run.py\n")
-    new, changes, _ = triage.cpu_port("import torch\ntorch.cuda.set_device(0)\n"
+    new, changes, _ = triage.port.cpu_port("import torch\ntorch.cuda.set_device(0)\n"
                                       "x = torch.ones(1).to('cuda:1')\n")
     assert new == "import torch\npass\nx = torch.ones(1).to('cpu')\n"
 
@@ -195,12 +195,12 @@ def test_only_a_bad_run_with_the_series_says_the_fix_does_not_work(tmp_path, mon
     script.write_text("from lightning.pytorch.callbacks import BackboneFinetuning\n")
     row = {"repro": "20340", "issue": 20340, "cell": "pl2_6_6_torch2_13_0", "patches": ["a.patch"],
            "before": "bad", "after": after, "after_detail": detail, "runs": [1, 3], "ok": False}
-    monkeypatch.setattr(triage, "fixed_by_series", lambda *args: dict(row))
+    monkeypatch.setattr(triage.locate, "fixed_by_series", lambda *args: dict(row))
     t = {"tracebacks": ["replicas diverged at step 12 (epoch 2): 4 of 6 parameters differ"]}
-    status = triage.known_bug(script, "pytorch-lightning", triage.Cell("newest", "pytorch-lightning",
-                                                                        "2.6.6", "2.13.0"), None, tmp_path, t)
+    cell = triage.runs.Cell("newest", "pytorch-lightning", "2.6.6", "2.13.0")
+    status = triage.locate.known_bug(script, "pytorch-lightning", cell, None, tmp_path, t)
     assert status.startswith(f"; {said}"), status
-    text = triage.comment({**t, "status": "reproduced", "sandbox": "yes", "input": "x.md"})
+    text = triage.comment.comment({**t, "status": "reproduced", "sandbox": "yes", "input": "x.md"})
     (line,) = [x for x in text.splitlines() if x.startswith("- #20340:")]
     assert line.endswith(f"1 run(s) without, 3 with: a run that died of a signal before a verdict was made "
                          f"again{listed}"), line
@@ -276,10 +276,11 @@ def test_reports_without_a_program_say_what_is_missing_and_what_they_show(tmp_pa
 
 def test_a_traceback_pasted_without_its_header_is_read_as_one():
     text = (ISSUES / "headerless_traceback.md").read_text()
-    (tb,) = triage.tracebacks(text)
-    assert triage.exception_line(tb) == ("AttributeError", "'NoneType' object has no attribute 'reducer'")
+    (tb,) = triage.read.tracebacks(text)
+    said = triage.read.exception_line(tb)
+    assert said == ("AttributeError", "'NoneType' object has no attribute 'reducer'")
     assert [f.label for f in triage.fingerprint.parse(tb)][-1].startswith("torch:nn/parallel/distributed.py")
-    assert triage.tracebacks("see `File \"x.py\", line 3` in the docs") == []  # no exception after it
+    assert triage.read.tracebacks("see `File \"x.py\", line 3` in the docs") == []  # no exception after it
 
 
 @pytest.mark.parametrize("text, exc", [
@@ -293,7 +294,7 @@ def test_a_traceback_pasted_without_its_header_is_read_as_one():
     ("```\nValueError: inside a block is not prose\n```\n", None),
 ])
 def test_an_exception_quoted_in_a_sentence_is_read(text, exc):
-    assert triage.prose_exception(text) == exc
+    assert triage.signatures.prose_exception(text) == exc
 
 
 def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
@@ -302,8 +303,8 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
     completed snippet."""
     from tools import bisect_cli
 
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(bisect_cli, "release_env", lambda *a, **k: Path(sys.executable))
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
     ran = {}
@@ -313,9 +314,9 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
         ran["check"] = args.check_replicas
         cell.verdicts, cell.reasons = ["bad"] * args.trials, ["replicas diverged at step 9"] * args.trials
 
-    monkeypatch.setattr(triage, "run_cell", run_cell)
-    monkeypatch.setattr(triage, "bisect", lambda *a, **k: None)
-    monkeypatch.setattr(triage, "known_bug", lambda *a, **k: "")
+    monkeypatch.setattr(triage.runs, "run_cell", run_cell)
+    monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: None)
+    monkeypatch.setattr(triage.locate, "known_bug", lambda *a, **k: "")
     t = triage.triage(triage.parse_args([str(ISSUES / "snippet_without_imports.md"), "--trials", "1",
                                          "--minimize-budget", "0", "--repo", "",
                                          "--out", str(tmp_path / "out")]))
@@ -325,7 +326,7 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
     assert "trainer.fit(Finetuned(), train_dataloaders=DataLoader(RandomDataset(32, 64)" in ran["code"]
     assert "accelerator='cpu'" in ran["code"] or 'accelerator="cpu"' in ran["code"]  # then the CPU port
     assert ran["check"] == "epoch"  # "different after" the unfreeze, across ranks, no exception
-    assert t["status"].startswith(triage.COMPLETED + "reproduced 1/1 on"), t["status"]
+    assert t["status"].startswith(triage.comment.COMPLETED + "reproduced 1/1 on"), t["status"]
     comment = (tmp_path / "out" / "comment.md").read_text()
     said = "<details><summary>Completed (assumptions: `from pytorch_lightning import LightningModule`"
     assert said in comment
@@ -333,11 +334,11 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
 
 
 def test_the_same_exception_in_the_reporters_own_code_counts_though_the_function_moved():
-    assert triage.same_exception_in_own_code(("AssertionError", "(script)", "on_train_epoch_end"),
+    assert triage.signatures.same_exception_in_own_code(("AssertionError", "(script)", "on_train_epoch_end"),
                                              ("AssertionError", "(script)", "check_replicas"))
-    assert not triage.same_exception_in_own_code(("AssertionError", "(script)", "f"),
+    assert not triage.signatures.same_exception_in_own_code(("AssertionError", "(script)", "f"),
                                                  ("ValueError", "(script)", "f"))
-    assert not triage.same_exception_in_own_code(("AttributeError", "torch:x.py:3", "backward"),
+    assert not triage.signatures.same_exception_in_own_code(("AttributeError", "torch:x.py:3", "backward"),
                                                  ("AttributeError", "torch:x.py:9", "backward"))
 
 
@@ -357,12 +358,12 @@ class _Api(http.server.BaseHTTPRequestHandler):
 
 
 def test_an_issue_url_is_read_through_the_api_and_then_works_offline(tmp_path, monkeypatch):
-    monkeypatch.setattr(triage, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(triage.read, "CACHE", tmp_path / "cache")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("GITHUB_API_URL", f"http://127.0.0.1:{server.server_address[1]}")
     try:
-        i = triage.read_issue("https://github.com/o/r/issues/7")
+        i = triage.read.read_issue("https://github.com/o/r/issues/7")
     finally:
         server.shutdown()
         server.server_close()
@@ -371,11 +372,11 @@ def test_an_issue_url_is_read_through_the_api_and_then_works_offline(tmp_path, m
     with socket.socket() as s:  # a port nothing listens on: the API is gone
         s.bind(("127.0.0.1", 0))
         monkeypatch.setenv("GITHUB_API_URL", f"http://127.0.0.1:{s.getsockname()[1]}")
-    again = triage.read_issue("https://github.com/o/r/issues/7")
+    again = triage.read.read_issue("https://github.com/o/r/issues/7")
     assert (again.title, again.comments) == (i.title, i.comments)
-    monkeypatch.setattr(triage, "CACHE", tmp_path / "empty")
+    monkeypatch.setattr(triage.read, "CACHE", tmp_path / "empty")
     with pytest.raises(contract.BadInput, match="no copy is cached"):
-        triage.read_issue("https://github.com/o/r/issues/7")
+        triage.read.read_issue("https://github.com/o/r/issues/7")
 
 
 # -- one real triage ----------------------------------------------------------------------------
@@ -408,7 +409,8 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     # aborted as it exited, as torch 2.13 + gloo now and then does, is made again and said)
     assert comment.splitlines()[0] == ("**Triage:** reproduced 1/1 on pytorch-lightning 2.6.6 + torch "
                                        "2.13.0 (CPU); it is #20340: bad before, good after with the "
-                                       f"series' fix ({triage.runs_made(known)})"), comment.splitlines()[0]
+                                       f"series' fix ({triage.locate.runs_made(known)})"), \
+        comment.splitlines()[0]
     assert (known["cell"], known["before"], known["after"]) == ("pl2_6_6_torch2_13_0", "bad", "good")
     assert "lightning-ddp-rewrap-on-trainable-change.patch" in known["patches"]
     assert "the reporter's script in `pl2_6_6_torch2_13_0` is bad without and good with" in comment
@@ -469,10 +471,12 @@ def test_the_cause_is_chosen_over_a_peers_consequence_and_short_messages_are_ext
           '[rank0]:   File "/x/site-packages/torch/distributed/distributed_c10d.py", line 5, in all_reduce\n'
           "[rank0]:     work.wait()\n"
           "[rank0]: torch.distributed.DistBackendError: Connection closed by peer [127.0.0.1]:123\n")
-    assert triage.exception_line(tb) == ("ValueError", "the batch has 3 items, expected 2")
-    signature = triage.derive_signature(*triage.exception_line(tb))
-    assert triage._report_site(tb, signature) == ("ValueError", "lightning:loops/fit_loop.py", "run")
-    assert triage.derive_signature("RuntimeError", "CUDA error: an illegal memory access was encountered") \
+    assert triage.read.exception_line(tb) == ("ValueError", "the batch has 3 items, expected 2")
+    signature = triage.signatures.derive_signature(*triage.read.exception_line(tb))
+    site = triage.signatures.report_site(tb, signature)
+    assert site == ("ValueError", "lightning:loops/fit_loop.py", "run")
+    assert triage.signatures.derive_signature("RuntimeError",
+                                              "CUDA error: an illegal memory access was encountered") \
         .startswith("RuntimeError: CUDA\\ error:\\ an\\ illegal")
 
 
@@ -483,17 +487,17 @@ def test_the_cause_is_chosen_over_a_peers_consequence_and_short_messages_are_ext
     ("My loss diverges to NaN on a single GPU.", False),
 ])
 def test_drift_needs_ranks_or_replicas_nearby(text, drift):
-    assert bool(triage.DRIFT.search(text)) is drift
+    assert bool(triage.signatures.DRIFT.search(text)) is drift
 
 
 def test_the_forms_template_line_and_a_conda_list_are_read():
     text = ("### Environment\n\n#- PyTorch Lightning Version (e.g., 1.5.0): 2.2.1\n"
             "#- PyTorch Version (e.g., 2.0): 2.1.2\n")
-    said = triage.stated_versions(triage.Issue("x", "x", "x", text))
+    said = triage.read.stated_versions(triage.read.Issue("x", "x", "x", text))
     assert (said["lightning"], said["torch"]) == ("2.2.1", "2.1.2")
     conda = ("### Environment\n\n```\npytorch                   2.3.1   py3.11_cuda12.1\n"
              "lightning   2.3.3   pyhd8ed1ab_0\n```\n")
-    said = triage.stated_versions(triage.Issue("x", "x", "x", conda))
+    said = triage.read.stated_versions(triage.read.Issue("x", "x", "x", conda))
     assert (said["lightning"], said["torch"]) == ("2.3.3", "2.3.1")
 
 
@@ -509,8 +513,8 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
     report.write_text((ISSUES / "fixed_later.md").read_text().replace(
         "Lightning Version: 2.5.0", "Lightning Version: 2.6.6").replace("v2.5", "v2.6").replace(
         "PyTorch Version: 2.13.0", "PyTorch Version: 2.6.0"))
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
 
     def run_cell(cell, script, args, out, launcher, site, after=0):
@@ -524,8 +528,8 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
         return {"markdown": "## Bisect result\n", "find_fix": bool(fix), "axis": "torch",
                 "releases": {"outcome": {"status": "found", "first_bad": "2.8.0", "last_good": "2.7.1"}}}
 
-    monkeypatch.setattr(triage, "run_cell", run_cell)
-    monkeypatch.setattr(triage, "bisect", bisect)
+    monkeypatch.setattr(triage.runs, "run_cell", run_cell)
+    monkeypatch.setattr(triage.locate, "bisect", bisect)
     t = triage.triage(triage.parse_args([str(report), "--minimize-budget", "0", "--repo", "",
                                          "--out", str(tmp_path / "out")]))
     assert [(c["lightning"], c["torch"]) for c in t["cells"]] == [("2.6.6", "2.6.0"), ("2.6.6", "2.13.0")]
@@ -536,17 +540,17 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
 
 
 def test_a_bug_only_master_shows_is_said_so_and_not_bisected(tmp_path, monkeypatch):
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
-    monkeypatch.setattr(triage, "master_cell", lambda args, package, newest: triage.Cell(
+    monkeypatch.setattr(triage.runs, "master_cell", lambda args, package, newest: triage.runs.Cell(
         "master", package, "master abc123", "2.13.0", source="/nowhere", base=newest))
 
     def run_cell(cell, script, args, out, launcher, site, after=0):
         cell.verdicts, cell.reasons = ["bad" if cell.label == "master" else "good"], [""]
 
-    monkeypatch.setattr(triage, "run_cell", run_cell)
-    monkeypatch.setattr(triage, "bisect", lambda *a, **k: pytest.fail("nothing to bisect"))
+    monkeypatch.setattr(triage.runs, "run_cell", run_cell)
+    monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: pytest.fail("nothing to bisect"))
     t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--trials", "1",
                                          "--minimize-budget", "0", "--out", str(tmp_path / "out")]))
     assert t["status"].startswith("reproduced 1/1 at master abc123 only, not in a release: 0/1 on "
@@ -556,23 +560,23 @@ def test_a_bug_only_master_shows_is_said_so_and_not_bisected(tmp_path, monkeypat
 
 def test_a_divergence_is_taken_for_20340_only_where_trainability_changes():
     line = "replicas diverged at step 12 (epoch 2): 2 of 4 parameters differ"
-    assert [r.issue for r in triage.known(line + "\ncallbacks=[BackboneFinetuning(2)]")] == [20340]
-    assert triage.known(line + "\nopt = SGD(model.parameters(), lr=rank + 1)") == []
-    assert [r.issue for r in triage.known("AttributeError: 'NoneType' object has no attribute "
+    assert [r.issue for r in triage.locate.known(line + "\ncallbacks=[BackboneFinetuning(2)]")] == [20340]
+    assert triage.locate.known(line + "\nopt = SGD(model.parameters(), lr=rank + 1)") == []
+    assert [r.issue for r in triage.locate.known("AttributeError: 'NoneType' object has no attribute "
                                           "'reducer'")] == [20706]
 
 
 def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monkeypatch):
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
 
     def run_cell(cell, script, args, out, launcher, site, after=0):
         cell.verdicts, cell.reasons = ["bad", "good", "good"], ["", "", ""]
 
     asked = {}
-    monkeypatch.setattr(triage, "run_cell", run_cell)
-    monkeypatch.setattr(triage, "bisect", lambda *a, **k: asked.update(auto=a[1].auto) or None)
+    monkeypatch.setattr(triage.runs, "run_cell", run_cell)
+    monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: asked.update(auto=a[1].auto) or None)
     t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
                                          "--repo", "", "--out", str(tmp_path / "out")]))
     assert "; unstable (1/3 on 2.5.0, 1/3 on 2.6.6): the bisect ran with --trials auto" in t["status"]
@@ -587,7 +591,7 @@ def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monke
     ("Trainer(num_nodes=2, devices=[0, 1])", (2, 1)),  # the port makes a list a count first
 ])
 def test_the_nodes_a_script_is_written_for(code, nodes):
-    assert triage.topology(code) == nodes
+    assert triage.port.topology(code) == nodes
 
 
 @pytest.mark.ddp
@@ -612,7 +616,7 @@ def test_the_cpu_port_covers_devices_device_ids_and_f_strings():
     src = ("m = Net().cuda(non_blocking=True)\nd = torch.cuda.device_count()\nz = w.to(f'cuda:{rank}')\n"
            "ddp = DDP(m, device_ids=[rank])\nT(devices=[0, 1], precision='16-true', accelerator='gpu')\n"
            "s = torch.load('a.pt', map_location='cuda:0')\n")
-    new, changes, _ = triage.cpu_port(src)
+    new, changes, _ = triage.port.cpu_port(src)
     assert new == ("m = Net()\nd = 2\nz = w.to('cpu')\nddp = DDP(m, device_ids=None)\n"
                    "T(devices=2, precision='bf16-true', accelerator='cpu')\n"
                    "s = torch.load('a.pt', map_location='cpu')\n")
@@ -625,11 +629,11 @@ def test_the_static_check_sees_through_the_usual_detours():
         "exec('import os; os.system(\"ls\")')", "open(os.path.join('/', 'etc', 'x'), 'w')",
         "torch.save(model, '/data/model.pt')", "open('a/../../x', 'w')",
     ])
-    found = " | ".join(triage.dangerous(code))
+    found = " | ".join(triage.port.dangerous(code))
     for what in ("imports subprocess", "imports ctypes", "__import__", "in exec(): line 1: os.system",
                  "open() on a path outside", "torch.save() on a path outside"):
         assert what in found, (what, found)
-    assert triage.dangerous("from pathlib import Path\nPath('/etc/hostname').open().read()\n") == []
+    assert triage.port.dangerous("from pathlib import Path\nPath('/etc/hostname').open().read()\n") == []
 
 
 @pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
@@ -672,9 +676,9 @@ def test_the_comment_caps_what_runs_said_redacts_secrets_and_names_no_path(tmp_p
          "cells": [{"label": "newest", "package": "pytorch-lightning", "lightning": "2.6.6",
                     "torch": "2.13.0", "rate": "0/0 (1 could not test)", "verdicts": ["skip"],
                     "reasons": [reason]}]}
-    text = triage.comment(t)
+    text = triage.comment.comment(t)
     first = text.splitlines()[0]
-    assert len(first) <= triage.STATUS_CAP + len("**Triage:** "), len(first)
+    assert len(first) <= triage.comment.STATUS_CAP + len("**Triage:** "), len(first)
     for secret in ("root:x:0:0", "daemon:*:", "hunter2", "ghp_abc", "AKIAABC", "b3BlbnNzaC1rZXk"):
         assert secret not in text, secret
     assert "[redacted]" in first
@@ -684,8 +688,8 @@ def test_the_comment_caps_what_runs_said_redacts_secrets_and_names_no_path(tmp_p
 
 def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setattr(triage, "newest_release", lambda package: "2.6.6")
-    monkeypatch.setattr(triage, "resolve", lambda package, version: version)
+    monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
+    monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
     runs = []
 
@@ -693,8 +697,8 @@ def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resu
         runs.append((str(out), cell.label))
         cell.verdicts, cell.reasons = ["good"] * args.trials, [""] * args.trials
 
-    monkeypatch.setattr(triage, "run_cell", run_cell)
-    monkeypatch.setattr(triage, "bisect", lambda *a, **k: None)
+    monkeypatch.setattr(triage.runs, "run_cell", run_cell)
+    monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: None)
     folders = []
     for name in ("a", "b", "a"):
         (tmp_path / name).mkdir(exist_ok=True)
@@ -712,16 +716,17 @@ def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resu
 
 def test_no_sandbox_here_means_nothing_runs_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: "no sandbox here: bwrap not installed")
-    monkeypatch.setattr(triage, "run_cell", lambda *a, **k: pytest.fail("ran without a sandbox"))
+    monkeypatch.setattr(triage.runs, "run_cell", lambda *a, **k: pytest.fail("ran without a sandbox"))
     with pytest.raises(contract.BadInput) as err:
         triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
                                          "--repo", "", "--out", str(tmp_path / "out")]))
     assert str(err.value) == ("no sandbox here: bwrap not installed; nothing was run (--allow-unsandboxed "
                               "runs the pasted code without it, as you)")
     args = triage.parse_args([str(ISSUES / "fixed_later.md"), "--allow-unsandboxed"])
-    assert triage.sandbox_mode(args) == "none" and triage.sandbox_flag(args) == []
+    assert triage.runs.sandbox_mode(args) == "none" and triage.runs.sandbox_flag(args) == []
     args = triage.parse_args([str(ISSUES / "fixed_later.md"), "--allow-network"])
-    assert triage.sandbox_mode(args) == "network" and triage.sandbox_flag(args) == ["--sandbox=network"]
+    assert triage.runs.sandbox_mode(args) == "network"
+    assert triage.runs.sandbox_flag(args) == ["--sandbox=network"]
 
 
 def test_a_lossy_traceback_gets_the_release_that_matches_the_most_frames(monkeypatch):
@@ -746,7 +751,7 @@ def test_a_lossy_traceback_gets_the_release_that_matches_the_most_frames(monkeyp
     monkeypatch.setattr(triage.fingerprint, "WheelSources", Source)
     monkeypatch.setattr(triage.fingerprint, "matches", lambda source, frame: source == frame.code)
     t = {}
-    assert triage.fingerprinted(frames, "pytorch-lightning", None, t) == "2.5.1"
+    assert triage.locate.fingerprinted(frames, "pytorch-lightning", None, t) == "2.5.1"
     assert t["fingerprint"] == {"matched": 2, "frames": 3, "releases": ["2.5.0", "2.5.1"]}
 
 
@@ -776,7 +781,7 @@ def test_the_reports_that_need_no_run_give_their_expected_first_line(tmp_path, n
 def test_a_failure_in_every_release_is_not_a_regression_and_a_check_of_lightnings_is_quoted():
     bisected = {"markdown": "## Bisect result\n", "releases": {"outcome": {"status": "no-good",
                                                                             "first_bad": "2.0.0"}}}
-    said = triage._bisect_status(bisected)
+    said = triage.comment.bisect_status(bisected)
     assert said == "the same in every release tested since 2.0.0: not a regression"
     output = ("Traceback (most recent call last):\n"
               '  File "/home/u/run.py", line 9, in <module>\n    trainer.validate(model, ckpt_path="best")\n'
@@ -784,11 +789,11 @@ def test_a_failure_in_every_release_is_not_a_regression_and_a_check_of_lightning
               'checkpoint_connector.py", line 190, in _parse_ckpt_path\n'
               '    raise ValueError(\n'
               'ValueError: `.validate(ckpt_path="best")` is set but `ModelCheckpoint` is not configured.\n')
-    said = triage.deliberate(output)
+    said = triage.signatures.deliberate(output)
     assert said == ("; Lightning raises it on purpose (lightning:trainer/connectors/"
                     "checkpoint_connector.py): `` ValueError: `.validate(ckpt_path=\"best\")` is set "
                     "but `ModelCheckpoint` is not configured. ``"), said
-    assert triage.deliberate(output.replace("    raise ValueError(\n", "    x = y.z\n")) == ""
+    assert triage.signatures.deliberate(output.replace("    raise ValueError(\n", "    x = y.z\n")) == ""
 
 
 def test_a_report_that_says_it_hangs_is_reproduced_by_a_run_that_outlives_its_limit(tmp_path):
@@ -819,11 +824,11 @@ def test_a_report_that_says_it_hangs_is_reproduced_by_a_run_that_outlives_its_li
     ("```python\n# the loader was stuck here once\n```\n", None),  # code, not the report's words
 ])
 def test_a_hang_is_what_the_report_says_of_its_run_not_of_a_value(text, said):
-    found = triage.hang_said(text)
+    found = triage.signatures.hang_said(text)
     assert (found[0] if found else None) == said
 
 
 def test_a_scripts_own_assert_is_its_signature_only_with_a_message():
-    assert triage._assert_message("x = 1\nassert x == 2, 'ranks hold different weights'\n") == \
+    assert triage.signatures.assert_message("x = 1\nassert x == 2, 'ranks hold different weights'\n") == \
         "ranks hold different weights"
-    assert triage._assert_message("assert x == 2\n") is None  # torch's own asserts raise the same class
+    assert triage.signatures.assert_message("assert x == 2\n") is None  # torch's asserts raise the same class

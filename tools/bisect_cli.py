@@ -16,7 +16,6 @@ verdict on the bug), 2 bad input, 128 a harness failure, 130 interrupted.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -108,11 +107,7 @@ class Config:
 
 
 def parse_args(argv) -> Config:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise BadInput(message)
-
-    p = Parser(prog="nox -s bisect --", description=__doc__.split("\n\n")[0])
+    p = contract.Parser(prog="nox -s bisect --", description=__doc__.split("\n\n")[0])
     p.add_argument("--tier", choices=("releases", "commits", "both"), default="both")
     p.add_argument("--axis", choices=("lightning", "torch"), default="lightning",
                    help="bisect Lightning releases, or torch releases with Lightning fixed")

@@ -7,6 +7,7 @@ The codes are defined once, in ``repro/_contract.py`` (the repro scripts stay ru
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib.util
 import json
@@ -269,6 +270,13 @@ class BadInput(Failure, ValueError):
     """Bad options or input files: nothing was run (exit 2)."""
 
     code = USAGE
+
+
+class Parser(argparse.ArgumentParser):
+    """Every program's argument parser: a usage error is ``BadInput`` (one line, exit 2)."""
+
+    def error(self, message):
+        raise BadInput(message)
 
 
 class HarnessFailure(Failure):

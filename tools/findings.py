@@ -494,13 +494,8 @@ def bad_versions(columns: list[str], data: Path | None = None) -> list[dict]:
 
 # -- the program ------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise BadInput(message)
-
-
 def main(argv=None) -> int:
-    p = _Parser(prog="nox -s findings --", description=__doc__.split("\n\n")[0])
+    p = contract.Parser(prog="nox -s findings --", description=__doc__.split("\n\n")[0])
     p.add_argument("--record", action="append", default=[], metavar="KIND[=RUN_DIR]",
                    help=f"record a run first ({', '.join(KINDS)}; default RUN_DIR: results/KIND/latest)")
     p.add_argument("--name", help="the record's name (one --record only; default: per kind)")

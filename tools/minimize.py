@@ -41,7 +41,6 @@ is not bad to begin with (or not good on the control); 128 the harness failed;
 
 from __future__ import annotations
 
-import argparse
 import ast
 import builtins
 import contextlib
@@ -147,11 +146,7 @@ class Config:
 
 
 def parse_args(argv: list[str]) -> Config:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise BadInput(message)
-
-    p = Parser(prog="nox -s minimize --", description=__doc__.split("\n\n")[0])
+    p = contract.Parser(prog="nox -s minimize --", description=__doc__.split("\n\n")[0])
     p.add_argument("script", help="the program to shrink (a .py file)")
     p.add_argument("--signature", help="regex its output shows when the bug is there")
     p.add_argument("--verdict-line", action="store_true",

@@ -190,11 +190,7 @@ def judge_job(found: list[harness.RunResult], signature: str | None, seconds: fl
 
 
 def main(argv=None) -> int:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise contract.BadInput(message)
-
-    p = Parser(prog="python -m tools.nodes", description=__doc__.split("\n\n")[0])
+    p = contract.Parser(prog="python -m tools.nodes", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--ranks-per-node", type=int, default=1)
     p.add_argument("--timeout", type=contract.seconds, default=600.0,

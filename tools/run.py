@@ -24,11 +24,7 @@ from tools.launcher import Launcher, Run
 
 
 def main(argv=None) -> int:
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise contract.BadInput(message)
-
-    p = Parser(prog="python -m tools.run")
+    p = contract.Parser(prog="python -m tools.run")
     p.add_argument("--timeout", type=contract.seconds, default=600.0)
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")

@@ -619,13 +619,8 @@ def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResul
                               sandbox=script.sandbox))
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise contract.BadInput(message)
-
-
 def parse_args(argv) -> argparse.Namespace:
-    p = Parser(prog="nox -s patches --")
+    p = contract.Parser(prog="nox -s patches --")
     p.add_argument("--patch", help="only this patch of the series")
     p.add_argument("--cell", help="only this matrix cell")
     p.add_argument("--repeat", type=int, default=REPEAT,

@@ -30,6 +30,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import envs
+from tools.triage import read, runs
+from tools.triage.progress import progress
+
 # the modules whose public names a free name may come from, in this order ({root}: the package)
 MODULES = ("{root}", "{root}.callbacks", "{root}.loggers", "{root}.strategies", "{root}.profilers",
            "{root}.demos.boring_classes", "{root}.utilities", "torch", "torch.nn", "torch.utils.data",
@@ -257,3 +261,44 @@ def _reads_files(tree: ast.AST) -> list[str]:
                     and "/" not in path[:1] and "." in path and path not in found:
                 found.append(path)
     return found
+
+def completed_script(issue: read.Issue, text: str, t: dict) -> read.Script | None:
+    """The report's Python snippets (joined in order) completed into a program
+    (``tools/py``) against the newest release's exports: its imports, a model it
+    never makes, a ``fit`` of a module it never trains. None when it still is not one; what is
+    missing then goes in ``t["missing"]``."""
+    from tools import bisect_cli
+
+    def snippets(text: str) -> list[read.Block]:
+        return [b for b in read.code_blocks(text) if b.lang in ("", "python", "py", "python3")
+                and b.code.strip() and not read.is_traceback(b.code) and read.parses(b.code)
+                and not read.is_output(b.code)]
+
+    # the reporter's own code: the body's blocks, else one comment's (never a mix of people's)
+    blocks = snippets(issue.body) or next((found for c in issue.comments if (found := snippets(c))), [])
+    if not blocks:
+        t["missing"] = ["the report holds no Python code" + (" (only a diff of a proposed change)" if any(
+            b.lang in ("diff", "patch") for b in read.code_blocks(issue.body)) else "")]
+        return None
+    code = "\n\n".join(b.code for b in blocks) + "\n"
+    package = guess_package(code, text)
+    try:
+        python = bisect_cli.release_env(package, runs.newest_release(package), runs.NEWEST_TORCH, ())
+    except envs.EnvError as err:
+        t["missing"] = [f"the snippet could not be completed: no environment ({err})"]
+        return None
+    done = complete(code, package, exports(python, package))
+    t["missing"] = done.missing
+    if done.stand_ins and t.get("tracebacks"):  # the traceback came from the reporter's own model
+        t["missing"] = done.missing + [f"the snippet does not make {', '.join(done.stand_ins)}, and the "
+                                       "traceback came from the reporter's own: a stand-in would not "
+                                       "be the reported run"]
+        return None
+    tree = ast.parse(done.code)
+    if not ({"torch", "lightning", "pytorch_lightning"} & read.imports_of(tree) and read.builds(tree)):
+        t["missing"] = done.missing + ["no `Trainer` or DDP model is built, and no `LightningModule` "
+                                       "defined to train"]
+        return None
+    t.update(package=package, completion={"changes": done.changes, "diff": done.diff})
+    progress("read", f"the snippet completed: {'; '.join(done.changes)}")
+    return read.Script(done.code, [(b.line, len(b.code.splitlines())) for b in blocks])
