@@ -30,6 +30,9 @@ def repro(session: nox.Session, cell: matrix.Cell) -> None:
 
 
 def _repro(session: nox.Session, cell: matrix.Cell) -> None:
+    if sessions.asks_for_help(session.posargs):  # before anything is installed, once for all cells
+        print(cells.parser().format_help())
+        sys.exit(0)
     opts, repro_args = cells.parse_posargs(session.posargs)
     out = cells.open_results()
     reason = cell.skip_reason(opts.include_unsupported)
@@ -103,6 +106,7 @@ def install(session: nox.Session, *args: str) -> None:
 
 def _tool(session: nox.Session, module: str) -> None:
     """Run one of the tools/ programs with the session's options; nox exits with its code."""
+    sessions.help_first(session, module)
     install(session, *nox.project.dependency_groups(PYPROJECT, "bisect"))
     sessions.run_tool(session, module, session.posargs)
 
@@ -122,6 +126,7 @@ def fingerprint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def triage(session: nox.Session) -> None:
     """From an issue (URL or saved file) to a triage comment backed by runs: `-- ISSUE`."""
+    sessions.help_first(session, "tools.triage")
     install(session, *nox.project.dependency_groups(PYPROJECT, "minimize"))
     sessions.run_tool(session, "tools.triage", session.posargs)
 
@@ -129,6 +134,7 @@ def triage(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def minimize(session: nox.Session) -> None:
     """Shrink a script to the smallest one still showing the bug: `-- SCRIPT --signature REGEX`."""
+    sessions.help_first(session, "tools.minimize")
     install(session, *nox.project.dependency_groups(PYPROJECT, "minimize"))
     sessions.run_tool(session, "tools.minimize", session.posargs)
 

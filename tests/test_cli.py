@@ -48,3 +48,19 @@ def test_every_program_has_its_help_snapshotted():
     helped = {tomllib.loads(p.read_text())["module"] for p in CASES if p.stem.endswith("-help")}
     assert helped >= {"tools.bisect_cli", "tools.minimize", "tools.validate_patches", "tools.pr_bundle",
                       "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes", "tools.triage"}
+
+
+@pytest.mark.parametrize("session, says", [("bisect", "usage: nox -s bisect --"),
+                                           ("triage", "usage: nox -s triage --"),
+                                           ("repro", "usage: nox -s repro --")])
+def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session, says):
+    """`nox -s X -- --help` prints the program's help, and the session's environment (made in a
+    folder of the test's own) holds nothing but what a new environment has: no torch, no git."""
+    env = {**os.environ, "COLUMNS": "100"}
+    proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "--envdir",
+                           str(tmp_path), "-s", session, "--", "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert says in proc.stdout, proc.stdout[-2000:]
+    installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
+    assert not installed & {"torch", "git", "gitpython", "pytorch_lightning", "packaging"}, installed

@@ -108,11 +108,13 @@ class Config:
 
 def parse_args(argv) -> Config:
     p = contract.Parser(prog="nox -s bisect --", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tier", choices=("releases", "commits", "both"), default="both")
+    p.add_argument("--tier", choices=("releases", "commits", "both"), default="both",
+                   help="what to bisect: PyPI releases, Lightning git commits (needs --good and --bad "
+                        "refs), or both, the commits between the releases the first tier names")
     p.add_argument("--axis", choices=("lightning", "torch"), default="lightning",
                    help="bisect Lightning releases, or torch releases with Lightning fixed")
     p.add_argument("--package", choices=("pytorch-lightning", "lightning"),
-                   default="pytorch-lightning")
+                   default="pytorch-lightning", help="the PyPI package whose releases are bisected")
     p.add_argument("--good", help="release (or, with --tier commits, git ref) without the bug; "
                                   "omitted: search backwards (with --find-fix: the newest release)")
     p.add_argument("--bad", help="release or git ref with the bug (default: the newest release; "
@@ -124,8 +126,9 @@ def parse_args(argv) -> Config:
     p.add_argument("--torch", default="auto",
                    help="torch for Lightning candidates (auto: the newest out at each one's date)")
     p.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
-    p.add_argument("--repo", default=None, help="Lightning git repository, path or URL "
-                                                "(default: upstream, cloned once into .cache)")
+    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
+                   help="a Lightning git repository, path or URL, for the commit tier (default: "
+                        "$LIGHTNING_REPO, else upstream's, cloned once into .cache)")
     p.add_argument("--repro", default="repro/backbone_finetuning_ddp.py",
                    help="a .py file or an executable with a #! line (run with the candidate's "
                         "environment first on PATH)")
@@ -135,7 +138,8 @@ def parse_args(argv) -> Config:
                                        "verdict line (required for such a script)")
     p.add_argument("--verdict-line", action="store_true",
                    help="the --repro prints the contract's verdict line (the workspace's own do)")
-    p.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"))
+    p.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"),
+                   help="the verdict cache: a verdict already in it is not run again")
     p.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every run (default: the runs of one candidate, its "

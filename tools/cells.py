@@ -16,9 +16,14 @@ _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
 _START = time.monotonic()
 
 
-def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Split ``nox -s repro -- ...`` into the workspace's own flags and the repros' options."""
-    p = argparse.ArgumentParser(prog="nox -s repro --", add_help=False)
+def parser() -> argparse.ArgumentParser:
+    """``nox -s repro``'s own options; what it does not know goes to the repros."""
+    p = argparse.ArgumentParser(
+        prog="nox -s repro --", add_help=False,
+        description="Run every repro of repro/matrix.toml in each Lightning x torch cell (a cell: one "
+                    "Lightning release on one torch release, its own environment; pick cells with "
+                    "nox's -k, e.g. nox -s repro -k 2.6.6). Options it does not know go to the "
+                    "repros (python repro/<name>.py --help lists theirs).")
     p.add_argument("--include-unsupported", action="store_true",
                    help="also run cells outside a release's declared torch range")
     p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit per repro run")
@@ -39,6 +44,14 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
     from tools import slurm_jobs
 
     slurm_jobs.add_options(p)
+    return p
+
+
+def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split ``nox -s repro -- ...`` into the workspace's own flags and the repros' options."""
+    from tools import slurm_jobs
+
+    p = parser()
     opts, rest = p.parse_known_args(posargs)
     if opts.nodes < 1 or (opts.ranks_per_node is not None and opts.ranks_per_node < 1):
         p.error("--nodes and --ranks-per-node must be >= 1")

@@ -272,8 +272,27 @@ class BadInput(Failure, ValueError):
     code = USAGE
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that gives each option's default, a duration's in seconds: unless its text already
+    says it, or it has none (a flag, an option that is absent unless given)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default in (None, False, argparse.SUPPRESS, [], ())
+                or "default" in text or not text):
+            return text
+        unit = " s" if action.type is seconds or "timeout" in action.dest else ""
+        return f"{text} (default: %(default)s{unit})"
+
+
 class Parser(argparse.ArgumentParser):
-    """Every program's argument parser: a usage error is ``BadInput`` (one line, exit 2)."""
+    """Every program's argument parser: a usage error is ``BadInput`` (one line, exit 2), and its
+    help gives each option's default (``DefaultsShown``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise BadInput(message)

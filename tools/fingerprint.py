@@ -46,7 +46,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools import index
+from tools import contract, index
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "wheels"
 WHOLE_WHEEL_MAX = 50 * 2**20  # wheels up to this size are downloaded whole (Lightning's are ~1 MB)
@@ -457,13 +457,16 @@ def check_version(option: str, value: str) -> Version:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nox -s fingerprint --")
+    p = argparse.ArgumentParser(prog="nox -s fingerprint --", description=__doc__.split("\n\n")[0],
+                                formatter_class=contract.DefaultsShown)
     p.add_argument("traceback", help="a file with the pasted traceback")
-    p.add_argument("--repo", help="a Lightning git checkout: read its tags instead of wheels")
+    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
+                   help="a Lightning git checkout: read its tags instead of wheels (default: "
+                        "$LIGHTNING_REPO; without one, wheels)")
     p.add_argument("--package", help=f"the Lightning package: {', '.join(PACKAGES)} (default: "
                    "lightning when the paths show lightning/pytorch, else pytorch-lightning)")
     p.add_argument("--since", default="2.0.0", help="oldest release to consider")
-    p.add_argument("--torch-since", default="2.0.0")
+    p.add_argument("--torch-since", default="2.0.0", help="oldest torch release to consider")
     args = p.parse_args(argv)
     # every input is checked before the index or a wheel is asked for anything
     try:

@@ -191,16 +191,16 @@ def judge_job(found: list[harness.RunResult], signature: str | None, seconds: fl
 
 def main(argv=None) -> int:
     p = contract.Parser(prog="python -m tools.nodes", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--ranks-per-node", type=int, default=1)
-    p.add_argument("--timeout", type=contract.seconds, default=600.0,
-                   help="wall-clock limit of each node (s)")
+    p.add_argument("--nodes", type=int, default=2, help="nodes of the job, each a torchrun here")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="ranks each torchrun starts")
+    p.add_argument("--timeout", type=contract.seconds, default=600.0, help="wall-clock limit of each node")
     p.add_argument("--peer-grace", type=contract.seconds, default=20.0,
                    help="seconds the other nodes get to end once one has ended")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="logs: LOG.nodeN.stdout/.stderr (default: a new folder under "
                                  "results/nodes/, so two jobs at once never share one)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs=argparse.REMAINDER,
+                   help="the program each node runs (a .py script, after --)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if len(cmd) < 2:

@@ -160,7 +160,8 @@ def body(patch: patches.Patch, rows: list[dict], bisect: str | None, related: li
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nox -s pr --")
+    p = argparse.ArgumentParser(prog="nox -s pr --", description=__doc__.split("\n\n")[0],
+                                formatter_class=contract.DefaultsShown)
     p.add_argument("patch", nargs="?", help="a patch of patches/series (none: only the comments)")
     p.add_argument("--bisect", help="a bisect report.md to quote (e.g. the 'never worked' answer)")
     p.add_argument("--number", type=int, metavar="N",

@@ -25,11 +25,11 @@ from tools.launcher import Launcher, Run
 
 def main(argv=None) -> int:
     p = contract.Parser(prog="python -m tools.run")
-    p.add_argument("--timeout", type=contract.seconds, default=600.0)
+    p.add_argument("--timeout", type=contract.seconds, default=600.0, help="wall-clock limit of the run")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")
     contract.add_check_replicas(p)
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run (after --)")
     args = p.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:

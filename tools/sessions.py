@@ -20,6 +20,21 @@ from tools import harness
 GRACE = 30.0  # seconds a tool gets to clean up after a forwarded signal, before SIGKILL
 
 
+def asks_for_help(args: list[str]) -> bool:
+    """``-h`` or ``--help`` among a session's own options (not after a ``--`` meant for a script)."""
+    own = args[:args.index("--")] if "--" in args else args
+    return any(a in ("-h", "--help") for a in own)
+
+
+def help_first(session, module: str) -> None:
+    """``nox -s X -- --help``: the program's help, printed by nox's own interpreter before the
+    session installs anything (the tools' parsers import only the standard library and
+    ``packaging``, which nox has); nox then ends with its exit code."""
+    if asks_for_help(session.posargs):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.exit(subprocess.call([sys.executable, "-m", module, "--help"], cwd=root))
+
+
 def run_tool(session, module: str, args: list[str]) -> None:
     """Run ``python -m module args`` in the session's environment; exit nox with its code."""
     python = os.path.join(session.bin, "python")

@@ -620,7 +620,7 @@ def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResul
 
 
 def parse_args(argv) -> argparse.Namespace:
-    p = contract.Parser(prog="nox -s patches --")
+    p = contract.Parser(prog="nox -s patches --", description=__doc__.split("\n\n")[0])
     p.add_argument("--patch", help="only this patch of the series")
     p.add_argument("--cell", help="only this matrix cell")
     p.add_argument("--repeat", type=int, default=REPEAT,

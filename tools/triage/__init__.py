@@ -73,7 +73,8 @@ def parse_args(argv) -> argparse.Namespace:
                    help=f"wall-clock limit of a run (default {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s for a "
                         "report that says it hangs, whose runs are bad when they outlive it)")
     p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
-                   help="a Lightning checkout for the commit bisect (default $LIGHTNING_REPO)")
+                   help="a Lightning checkout for the master cell and the commit bisect (default "
+                        "$LIGHTNING_REPO; without one, releases only)")
     p.add_argument("--minimize-budget", type=float, default=5.0, metavar="MIN",
                    help="minutes of minimization (0 skips it; default 5)")
     p.add_argument("--no-bisect", action="store_true", help="run the cells only")
