@@ -29,6 +29,9 @@ FIXTURES = ROOT / "tests" / "fixtures" / "issues"
     ("Going back to 2.0.9 solves it.", "2.0.9", None),
     ("Downgrading to 2.4.0 makes it\ngo away (a wrapped line).", "2.4.0", None),
     ("On 2.3 it works as expected.", "2.3", None),
+    ("It failed on 2.4 but worked in 2.3.", "2.3", None),
+    ("After upgrading to 2.4 (from 2.3) the link appears.", "2.3", "2.4"),
+    ("Everything was fine in lightning==2.3.3.", "2.3.3", None),
 ])
 def test_the_release_that_worked_is_read_from_the_prose(text, release, broken):
     found = worked_release(text)
@@ -36,11 +39,23 @@ def test_the_release_that_worked_is_read_from_the_prose(text, release, broken):
 
 
 @pytest.mark.parametrize("text", [
-    "It worked with torch 2.3 but not with 2.4.",  # torch's release: not a Lightning differential
-    "We use 2.4.0.\n\n```python\n# worked in 2.3.0\nprint(1)\n```",  # a comment in code, not the prose
+    # another package's version: not a Lightning differential
+    "It worked with torch 2.3 but not with 2.4.",
+    "Since upgrading torch from 2.1 to 2.2 the loss is NaN.",
+    "After updating pytorch from 2.3 to 2.4 it hangs.",
+    "Downgrading PyTorch to 2.3 fixes it.",
+    # a saying denied
+    "This stopped working in 2.4.",
+    "It is not working in 2.3 either.",
+    "It never worked in 2.3.",
+    "I upgraded from 2.3 to 2.4 and it still works.",
+    # code, not the prose
+    "We use 2.4.0.\n\n```python\n# worked in 2.3.0\nprint(1)\n```",
+    "We use 2.4.0.\n\n~~~\n# worked in 2.3.0\n~~~\n",
+    "We use 2.4.0:\n\n    # worked in 2.3.0\n",
     "The loss is NaN from the first step.",
 ])
-def test_no_release_is_taken_from_a_torch_version_code_or_a_report_that_names_none(text):
+def test_no_release_is_taken_from_another_packages_version_a_denial_code_or_a_report_that_names_none(text):
     assert worked_release(text) is None
 
 
@@ -51,7 +66,7 @@ def test_a_line_the_report_shows_that_only_the_broken_release_prints_is_bad_outp
     assert isinstance(found, Predicate) and found.option == "bad_output"
     assert re.search(found.regex, "resumed at step 12 of 40")
     assert not re.search(found.regex, "resumed at step 0 of 40")
-    assert found.regex == "resumed at step 12 of 40"  # generalized it would match the good line: as it is
+    assert found.regex == r"(?m)^\s*resumed at step 12 of 40\s*$"  # generalized it would match the good line
 
 
 def test_numbers_are_generalized_when_the_good_output_still_does_not_match():
@@ -66,16 +81,19 @@ def test_numbers_are_generalized_when_the_good_output_still_does_not_match():
 def test_an_exit_1_with_a_printed_line_is_a_signature_and_a_crash_the_report_does_not_quote_its_exception():
     printed = predicate((1, "REGRESSION: 3 batches skipped\n"), (0, "all batches seen\n"),
                         "Error messages:\n\n    REGRESSION: 3 batches skipped\n")
-    assert (printed.option, printed.regex) == ("signature", r"REGRESSION: \d+(?:\.\d+)? batches skipped")
+    assert (printed.option, printed.regex) == ("signature",
+                                               r"(?m)^\s*REGRESSION: \d+(?:\.\d+)? batches skipped\s*$")
     raised = predicate((1, "Traceback ...\nKeyError: 'x'\n"), (0, "done\n"), "no logs in this report",
                        exception="KeyError: 'x'")
     assert (raised.option, raised.regex) == ("signature", "KeyError: 'x'")
 
 
 @pytest.mark.parametrize("broken, worked, why", [
-    ((0, "done\nUserWarning: a new deprecation\n"), (0, "done\n"), "the report shows none of those lines"),
+    ((0, "done\nusing the new loader\n"), (0, "done\n"), "the report shows none of those lines"),
+    ((0, "done\nUserWarning: a new deprecation\n"), (0, "done\n"), "print the same lines"),  # noise only
     ((0, "done\n"), (0, "done\n"), "print the same lines"),
-    ((1, "boom\n"), (1, "boom\n"), "both releases exit 1"),
+    ((1, "boom\n"), (1, "boom\n"), "the release said to work exited 1"),
+    ((0, "GPU available: False\ndone\n"), (1, "ImportError: x\n"), "the release said to work exited 1"),
     ((-9, ""), (0, "done\n"), "only exits 0 and 1"),
 ])
 def test_without_a_difference_the_report_shows_there_is_no_predicate(broken, worked, why):
@@ -88,7 +106,22 @@ def test_the_output_fixture_gets_its_differential_line():
     said = worked_release(text)
     assert (said.release, said.broken) == ("2.5.4", "2.6.0")
     found = predicate((0, "checkpoint loaded back: no"), (0, "checkpoint loaded back: yes"), text)
-    assert found.option == "bad_output" and found.regex == "checkpoint loaded back: no"
+    assert found.option == "bad_output" and found.regex == r"(?m)^\s*checkpoint loaded back: no\s*$"
+
+
+def test_a_line_the_working_release_prints_within_a_longer_one_is_never_the_predicate():
+    """Anchored to the whole line: "saved" is not found in "saved to model.ckpt"; a line that
+    matches the working output even as it is gives no predicate."""
+    found = predicate((0, "saved\n"), (0, "saved to model.ckpt\n"), "it only prints `saved`")
+    assert found.regex == r"(?m)^\s*saved\s*$" and not re.search(found.regex, "saved to model.ckpt")
+
+
+def test_the_bugs_line_wins_over_a_banner_a_summary_or_a_warning_the_full_log_shows():
+    log = ("GPU available: False, used: False\n| Name | Type   | Params | Mode\n"
+           "UserWarning: something new\ncheckpoint loaded back: no\n")
+    old = "GPU available: False\n| Name | Type   | Params\ncheckpoint loaded back: yes\n"
+    found = predicate((0, log), (0, old), f"### Error messages and logs\n\n```\n{log}```\n")
+    assert found.regex == r"(?m)^\s*checkpoint loaded back: no\s*$", found
 
 
 @pytest.mark.parametrize("boxed", [False, True], ids=["plain", "sandbox"])
@@ -162,7 +195,23 @@ def test_an_output_only_regression_is_reproduced_through_its_differential_on_rea
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = json.loads((out / "triage.json").read_text())
     assert (t["differential"]["broken_exit"], t["differential"]["worked_exit"]) == (0, 0)
-    assert t["bad_output"] == "checkpoint loaded back: no" and not t["signature"]
+    assert t["bad_output"] == r"(?m)^\s*checkpoint loaded back: no\s*$" and not t["signature"]
     assert t["status"].startswith("reproduced 1/1 on pytorch-lightning 2.6.6"), t["status"]
     assert "1/1 on the reporter's 2.6.0" in t["status"]
 
+
+
+def test_the_bad_output_of_a_job_of_several_nodes_is_read_from_each_nodes_logs(tmp_path):
+    """A job's result (``tools.nodes``) has no streams of its own: each node's logs are read."""
+    from types import SimpleNamespace
+
+    from tools.launcher import printed
+    from tools.triage.differential import output
+
+    stem = tmp_path / "run-1"
+    (tmp_path / "run-1.node0.stdout").write_text("rank 0: done\n")
+    (tmp_path / "run-1.node1.stdout").write_text("rank 1: checkpoint loaded back: no\n")
+    job = SimpleNamespace(code=0)
+    assert printed(job, "checkpoint loaded back: no", stem)
+    assert not printed(job, "checkpoint loaded back: no")  # without the stem: nothing to read
+    assert "rank 1: checkpoint loaded back: no" in output(job, stem)

@@ -165,7 +165,7 @@ class Launcher:
         prints ``bad_output`` behaves as the broken release does, and is bad. A regression that
         raises nothing (the triage's differential finds the line)."""
         result = self.run(replace(run, bad_output=None))
-        if result.code == contract.GOOD and printed(result, run.bad_output):
+        if result.code == contract.GOOD and printed(result, run.bad_output, run.log_stem):
             result.code, result.verdict, result.final = contract.BAD, "bad", True
             result.reason = f"exit 0, but it prints /{run.bad_output}/: the broken release's behaviour"
         return result
@@ -284,12 +284,16 @@ def _job_result(outer: harness.RunResult) -> harness.RunResult:
                              leftovers=outer.leftovers, final=job.get("final") is True)
 
 
-def printed(result: harness.RunResult, pattern: str) -> bool:
-    """Whether a run's output (its logs, as capped where it ran) has a line ``pattern`` matches."""
+def printed(result: harness.RunResult, pattern: str, stem: Path | None = None) -> bool:
+    """Whether a run's output (its logs as capped where it ran, and each node's of a job of
+    several nodes: ``stem``, its ``log_stem``) has a line ``pattern`` matches."""
     found = re.compile(pattern, re.M)
-    for path in (result.stdout_path, result.stderr_path):
+    paths = [p for p in (getattr(result, "stdout_path", None), getattr(result, "stderr_path", None)) if p]
+    if stem is not None:
+        paths += sorted(Path(stem).parent.glob(f"{Path(stem).name}.node*"))
+    for path in paths:
         try:
-            if path and found.search(Path(path).read_text(errors="replace")):
+            if found.search(Path(path).read_text(errors="replace")):
                 return True
         except OSError:
             continue

@@ -34,11 +34,12 @@ understood.
 Exit codes: 0 the triage is done (whatever it found), 2 bad input (one line), 128 harness
 failure, 130 interrupted.
 
-The stages, a module each, each importing only those before it: ``read`` (the issue, its blocks,
-tracebacks and versions), ``signatures`` (what counts as bad), ``differential`` (a release the
-report says worked, against the broken one), ``complete`` (a snippet made a program) and ``port``
-(the static check, the CPU port), ``runs`` (the cells), ``locate`` (bisects, known bugs, the
-minimization), ``comment``. This module runs them in order (``triage``).
+The stages, a module each, each importing only those listed before it: ``read`` (the issue, its
+blocks, tracebacks and versions), ``signatures`` (what counts as bad), ``differential`` (a release
+the report says worked, against the broken one), ``port`` (the static check, the CPU port),
+``runs`` (the cells), ``complete`` (a snippet made a program, against the newest release),
+``locate`` (bisects, known bugs, the minimization), ``comment``. This module runs them in the
+order a triage needs them (``triage``).
 """
 
 from __future__ import annotations

@@ -244,11 +244,12 @@ def run_differential(issue: read.Issue, path: Path, args, out: Path, package: st
             except envs.EnvError as err:
                 d["why"] = f"no environment for {release}: {err}"
                 return False
+            stem = out / "logs" / f"differential-{label}-{package}-{release}"
             r = launcher.run(Run((str(path),), python, timeout=args.timeout, sandbox=sandbox_mode(args),
-                                 log_stem=out / "logs" / f"differential-{label}-{package}-{release}"))
+                                 log_stem=stem))
             if r.code >= contract.FAIL and (r.returncode is None or (r.reason or "").startswith("harness")):
                 raise HarnessFailure(f"the differential's {label} run: {r.reason}")
-            ran[label] = (r.returncode, diff.output(r))
+            ran[label] = (r.returncode, diff.output(r, stem))
             d[f"{label}_exit"] = r.returncode
     raised = next((e for e in map(read.exception_line, reversed(read.tracebacks(ran["broken"][1]))) if e),
                   None)
