@@ -108,61 +108,72 @@ class Config:
 
 def parse_args(argv) -> Config:
     p = contract.Parser(prog="nox -s bisect --", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tier", choices=("releases", "commits", "both"), default="both",
-                   help="what to bisect: PyPI releases, Lightning git commits (needs --good and --bad "
-                        "refs), or both, the commits between the releases the first tier names")
-    p.add_argument("--axis", choices=("lightning", "torch"), default="lightning",
-                   help="bisect Lightning releases, or torch releases with Lightning fixed")
-    p.add_argument("--package", choices=("pytorch-lightning", "lightning"),
-                   default="pytorch-lightning", help="the PyPI package whose releases are bisected")
-    p.add_argument("--good", help="release (or, with --tier commits, git ref) without the bug; "
-                                  "omitted: search backwards (with --find-fix: the newest release)")
-    p.add_argument("--bad", help="release or git ref with the bug (default: the newest release; "
-                                 "with --find-fix: omitted, search backwards from --good)")
-    p.add_argument("--find-fix", action="store_true",
-                   help="find where the bug went away: the first release, then commit, without it "
-                        "after --bad")
-    p.add_argument("--oldest", default="1.9.5", help="search back no further than this release")
-    p.add_argument("--torch", default="auto",
-                   help="torch for Lightning candidates (auto: the newest out at each one's date)")
-    p.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
-    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
-                   help="a Lightning git repository, path or URL, for the commit tier (default: "
-                        "$LIGHTNING_REPO, else upstream's, cloned once into .cache)")
-    p.add_argument("--repro", default="repro/backbone_finetuning_ddp.py",
-                   help="a .py file or an executable with a #! line (run with the candidate's "
-                        "environment first on PATH)")
-    p.add_argument("--trials", default="1", help="runs per step, or 'auto' (from the bad end's rate)")
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of one run")
-    p.add_argument("--signature", help="regex for 'bad' in the output of a script without a "
-                                       "verdict line (required for such a script)")
-    p.add_argument("--verdict-line", action="store_true",
-                   help="the --repro prints the contract's verdict line (the workspace's own do)")
-    p.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"),
-                   help="the verdict cache: a verdict already in it is not run again")
-    p.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
-    p.add_argument("--fresh-process", action="store_true",
-                   help="a new interpreter for every run (default: the runs of one candidate, its "
-                        "trials included, are forks of one process that imported torch and "
-                        "Lightning once)")
-    p.add_argument("--with", dest="extra", action="append", default=[], metavar="REQUIREMENT",
-                   help="a package the repro needs besides Lightning and torch (repeatable), "
-                        "installed in every candidate's environment as of that candidate's date, "
-                        "e.g. --with 'jsonargparse[signatures]'")
-    contract.add_check_replicas(p)
-    p.add_argument("--jobs", default="auto", metavar="K",
-                   help="candidates tested at once per round, each a fresh process (default auto: "
-                        "one per two cores for a script of yours; 1 for the workspace's own repros, "
-                        "whose runs fork from a preloaded runner, and with --executor slurm, where "
-                        "--jobs K makes each round one job array of K tasks)")
-    contract.add_nodes(p)
-    contract.add_sandbox(p, "run the repro")
-    p.add_argument("--hang", action="store_true",
-                   help="the bug is a hang: a run that outlives --timeout is bad (no --signature needed)")
-    p.add_argument("--bad-output", metavar="REGEX",
-                   help="the bug is a behaviour, no exception: a run that exits 0 and prints a line "
-                        "REGEX matches is bad (no --signature needed)")
-    slurm_jobs.add_options(p)
+    target = p.add_argument_group("what is bisected")
+    target.add_argument("--tier", choices=("releases", "commits", "both"), default="both",
+                        help="what to bisect: PyPI releases, Lightning git commits (needs --good "
+                             "and --bad refs), or both, the commits between the releases the first "
+                             "tier names")
+    target.add_argument("--axis", choices=("lightning", "torch"), default="lightning",
+                        help="bisect Lightning releases, or torch releases with Lightning fixed")
+    target.add_argument("--package", choices=("pytorch-lightning", "lightning"),
+                        default="pytorch-lightning",
+                        help="the PyPI package whose releases are bisected")
+    target.add_argument("--good", help="release (or, with --tier commits, git ref) without the bug; "
+                                       "omitted: search backwards (with --find-fix: the newest release)")
+    target.add_argument("--bad", help="release or git ref with the bug (default: the newest release; "
+                                      "with --find-fix: omitted, search backwards from --good)")
+    target.add_argument("--find-fix", action="store_true",
+                        help="find where the bug went away: the first release, then commit, without it "
+                             "after --bad")
+    target.add_argument("--oldest", default="1.9.5", help="search back no further than this release")
+    target.add_argument("--torch", default="auto",
+                        help="torch for Lightning candidates (auto: the newest out at each one's date)")
+    target.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
+    target.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
+                        help="a Lightning git repository, path or URL, for the commit tier (default: "
+                             "$LIGHTNING_REPO, else upstream's, cloned once into .cache)")
+    judge = p.add_argument_group("the script, and what counts as bad")
+    judge.add_argument("--repro", default="repro/backbone_finetuning_ddp.py",
+                       help="the script to bisect, yours (the default is the workspace's #20340 "
+                            "repro, repro/backbone_finetuning_ddp.py): a .py file or an executable "
+                            "with a #! line (run with the candidate's environment first on PATH)")
+    judge.add_argument("--signature", help="regex for 'bad' in the output of a script without a "
+                                           "verdict line (required for such a script)")
+    judge.add_argument("--verdict-line", action="store_true",
+                       help="the --repro prints the contract's verdict line (the workspace's own do)")
+    contract.add_check_replicas(judge)
+    judge.add_argument("--hang", action="store_true",
+                       help="the bug is a hang: a run that outlives --timeout is bad (no --signature "
+                            "needed)")
+    judge.add_argument("--bad-output", metavar="REGEX",
+                       help="the bug is a behaviour, no exception: a run that exits 0 and prints a "
+                            "line REGEX matches is bad (no --signature needed)")
+    judge.add_argument("--with", dest="extra", action="append", default=[], metavar="REQUIREMENT",
+                       help="a package the repro needs besides Lightning and torch (repeatable), "
+                            "installed in every candidate's environment as of that candidate's "
+                            "date, e.g. --with 'jsonargparse[signatures]'")
+    running = p.add_argument_group("how it runs")
+    running.add_argument("--trials", default="1",
+                         help="runs per step, or 'auto' (from the bad end's rate)")
+    running.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of one run")
+    running.add_argument("--jobs", default="auto", metavar="K",
+                         help="candidates tested at once per round, each a fresh process (default "
+                              "auto: one per two cores for a script of yours; 1 for the workspace's "
+                              "own repros, whose runs fork from a preloaded runner, and with "
+                              "--executor slurm, where --jobs K makes each round one job array of K "
+                              "tasks)")
+    running.add_argument("--fresh-process", action="store_true",
+                         help="a new interpreter for every run (default: the runs of one candidate, "
+                              "its trials included, are forks of one process that imported torch and "
+                              "Lightning once)")
+    contract.add_nodes(running)
+    contract.add_sandbox(running, "run the repro")
+    cluster = p.add_argument_group("SLURM (--executor slurm)")
+    slurm_jobs.add_options(cluster)
+    output = p.add_argument_group("results")
+    output.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"),
+                        help="the verdict cache: a verdict already in it is not run again")
+    output.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
     argv, rest = list(argv), None
     if "--" in argv:
         cut = argv.index("--")
