@@ -137,11 +137,7 @@ def parse_args(argv) -> Config:
                        help="the script to bisect, yours (the default is the workspace's #20340 "
                             "repro, repro/backbone_finetuning_ddp.py): a .py file or an executable "
                             "with a #! line (run with the candidate's environment first on PATH)")
-    judge.add_argument("--signature", help="regex for 'bad' in the output of a script without a "
-                                           "verdict line (required for such a script)")
-    judge.add_argument("--verdict-line", action="store_true",
-                       help="the --repro prints the contract's verdict line (the workspace's own do)")
-    contract.add_check_replicas(judge)
+    contract.add_judges(judge, "--repro")
     judge.add_argument("--hang", action="store_true",
                        help="the bug is a hang: a run that outlives --timeout is bad (no --signature "
                             "needed)")

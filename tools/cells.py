@@ -28,10 +28,7 @@ def parser() -> argparse.ArgumentParser:
                    help="also run cells outside a release's declared torch range")
     p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit per repro run")
     p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
-    p.add_argument("--signature", help="regex the --script output must show to count as bad")
-    p.add_argument("--verdict-line", action="store_true",
-                   help="the --script prints the contract's verdict line (then no --signature needed)")
-    contract.add_check_replicas(p)
+    contract.add_judges(p, "--script")
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter for every repro run (default: the cell's repros are "
                         "forks of one process that imported torch and Lightning once)")

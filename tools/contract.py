@@ -200,6 +200,17 @@ def add_check_replicas(parser) -> None:
              "replicas is 'cannot test', never good")
 
 
+def add_judges(parser, script: str) -> None:
+    """How a user's script (the option ``script`` names it) is judged, alike in every program
+    that runs one: ``--signature``, ``--verdict-line`` and ``--check-replicas``."""
+    parser.add_argument("--signature", help=f"regex the {script} output shows when the bug is there "
+                                            "(needed for a script without a verdict line)")
+    parser.add_argument("--verdict-line", action="store_true",
+                        help=f"the {script} prints the contract's verdict line (then no --signature "
+                             "needed)")
+    add_check_replicas(parser)
+
+
 def add_nodes(parser) -> None:
     """``--nodes N --ranks-per-node R``: every run as N nodes of one job on this machine
     (``tools.nodes``: a torchrun per node, c10d rendezvous), for a script written for several."""

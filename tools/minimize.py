@@ -148,10 +148,7 @@ class Config:
 def parse_args(argv: list[str]) -> Config:
     p = contract.Parser(prog="nox -s minimize --", description=__doc__.split("\n\n")[0])
     p.add_argument("script", help="the program to shrink (a .py file)")
-    p.add_argument("--signature", help="regex its output shows when the bug is there")
-    p.add_argument("--verdict-line", action="store_true",
-                   help="the script prints the contract's verdict line (then no --signature)")
-    contract.add_check_replicas(p)
+    contract.add_judges(p, "script")
     contract.add_nodes(p)
     contract.add_sandbox(p, "every run")
     where = p.add_mutually_exclusive_group()

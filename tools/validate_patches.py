@@ -626,10 +626,7 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=REPEAT,
                    help=f"runs of each new multi-process test (the flaky gate; default {REPEAT})")
     p.add_argument("--script", help="also run this script of yours without and with the series")
-    p.add_argument("--signature", help="regex the --script output shows when the bug is there")
-    p.add_argument("--verdict-line", action="store_true",
-                   help="the --script prints the contract's verdict line (then no --signature needed)")
-    contract.add_check_replicas(p)
+    contract.add_judges(p, "--script")
     a = p.parse_args(argv)
     if a.repeat < 1:
         raise contract.BadInput("--repeat takes a number >= 1")
