@@ -34,6 +34,8 @@ def _repro(session: nox.Session, cell: matrix.Cell) -> None:
         print(cells.parser().format_help())
         sys.exit(0)
     opts, repro_args = cells.parse_posargs(session.posargs)
+    if opts.cell and opts.cell != cell.id:
+        session.skip(f"not --cell {opts.cell}")
     out = cells.open_results()
     reason = cell.skip_reason(opts.include_unsupported)
     if reason:
@@ -50,7 +52,7 @@ def _repro(session: nox.Session, cell: matrix.Cell) -> None:
                    fresh_process=opts.fresh_process, verdict_line=opts.verdict_line,
                    nodes=opts.nodes, ranks_per_node=opts.ranks_per_node,
                    check_replicas=opts.check_replicas)
-    if cells.is_last(cell, MATRIX, opts.include_unsupported):
+    if opts.cell or cells.is_last(cell, MATRIX, opts.include_unsupported):
         print(cells.write_summary(out, MATRIX, opts.script))
     session.log(f"results: {out}")
 

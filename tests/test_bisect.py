@@ -11,6 +11,8 @@ import pytest
 
 from tools import bisect, bisect_cli, envs
 
+OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
+
 FIXTURE = Path(__file__).parent / "fixtures" / "marker_repro.py"
 
 
@@ -313,7 +315,7 @@ def no_envs(monkeypatch):
 
 def cli(tmp_path, repo_path, *extra):
     return bisect_cli.main(["--tier", "commits", "--repo", str(repo_path), "--torch", "2.13.0",
-                            "--repro", str(FIXTURE), "--signature", "marker: bug",
+                            "--script", str(FIXTURE), "--signature", "marker: bug",
                             "--state", str(tmp_path / "state.json"),
                             "--out", str(tmp_path / "out"), *extra])
 
@@ -409,7 +411,7 @@ def test_find_fix_over_releases(tmp_path, monkeypatch, capsys):
                         lambda args, out: lambda c: (1 if c in buggy else 0, "sig"))
 
     def run(*args):
-        return bisect_cli.main(["--tier", "releases", "--find-fix", "--state", str(tmp_path / "s.json"),
+        return bisect_cli.main([*OWN, "--tier", "releases", "--find-fix", "--state", str(tmp_path / "s.json"),
                                 "--out", str(tmp_path / "out"), *args])
 
     assert run("--bad", "1.3.0") == 0
@@ -431,7 +433,7 @@ def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_e
 
     def cached_steps() -> list[bool]:
         assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master",
-                   "--repro", str(repro)) == 0
+                   "--script", str(repro)) == 0
         steps = json.loads((tmp_path / "out" / "report.json").read_text())["commits"]["outcome"]["steps"]
         return [s["cached"] for s in steps]
 
@@ -463,19 +465,36 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, no_envs, monkeypatch, capsys
 def test_missing_repo_and_repro_are_bad_input(tmp_path, no_envs, capsys):
     assert cli(tmp_path, tmp_path / "nowhere", "--good", "a", "--bad", "b") == 2
     assert "no repository at" in capsys.readouterr().err
-    assert bisect_cli.main(["--repro", "nope.py"]) == 2
-    assert "--repro nope.py: not found" in capsys.readouterr().err
+    assert bisect_cli.main(["--script", "nope.py"]) == 2
+    assert "--script nope.py: not found" in capsys.readouterr().err
 
 
 def test_release_bisect_never_worked(tmp_path, monkeypatch):
     names = [f"1.{i}.0" for i in range(10)]
     monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
     monkeypatch.setattr(bisect_cli, "release_predicate", lambda args, out: lambda c: (1, "sig"))
-    code = bisect_cli.main(["--tier", "releases", "--state", str(tmp_path / "s.json"),
+    code = bisect_cli.main([*OWN, "--tier", "releases", "--state", str(tmp_path / "s.json"),
                             "--out", str(tmp_path / "out")])
     assert code == 3
     text = (tmp_path / "out" / "report.md").read_text()
     assert "Bad in every pytorch-lightning release tested" in text
+
+
+def test_without_a_repository_both_tiers_stop_after_the_releases_and_say_so(tmp_path, monkeypatch, capsys):
+    """One rule for --repo in every session: no repository, no commit tier (never a clone of
+    upstream the user did not ask for)."""
+    names = [f"1.{i}.0" for i in range(10)]
+    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_cli, "release_predicate",
+                        lambda args, out: lambda c: (1 if c >= "1.6.0" else 0, "sig"))
+    monkeypatch.setattr(bisect_cli, "commit_tier", lambda *a, **k: pytest.fail("the commit tier ran"))
+    code = bisect_cli.main([*OWN, "--tier", "both", "--repo", "", "--state", str(tmp_path / "s.json"),
+                            "--out", str(tmp_path / "out")])
+    assert code == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "First bad pytorch-lightning release: **1.6.0**" in text
+    assert "Commits not searched: no Lightning repository" in text
+    assert "[commits] not searched" in capsys.readouterr().out
 
 
 def test_an_end_on_a_release_branch_is_mapped_through_the_merge_base(tmp_path, no_envs, monkeypatch):
@@ -568,7 +587,7 @@ def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsy
 def test_with_hang_a_run_that_outlives_its_limit_is_bad(tmp_path, monkeypatch):
     from tools import bisect_cli, harness
 
-    cfg = bisect_cli.parse_args(["--repro", "tests/corpus/skip_step_ddp.py", "--hang", "--timeout", "5",
+    cfg = bisect_cli.parse_args(["--script", "tests/corpus/skip_step_ddp.py", "--hang", "--timeout", "5",
                                  "--out", str(tmp_path)])
     assert cfg.hang and "|hang=5" in bisect_cli.signature_key(cfg)
 
@@ -579,6 +598,6 @@ def test_with_hang_a_run_that_outlives_its_limit_is_bad(tmp_path, monkeypatch):
     monkeypatch.setattr(bisect_cli, "LAUNCHER", Slow())
     code, reason, final = bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))
     assert (code, reason) == (1, "it hangs: timed out after 5 s; process group killed")
-    cfg = bisect_cli.parse_args(["--repro", "tests/corpus/skip_step_ddp.py", "--signature", "x",
+    cfg = bisect_cli.parse_args(["--script", "tests/corpus/skip_step_ddp.py", "--signature", "x",
                                  "--timeout", "5", "--out", str(tmp_path)])
     assert bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))[0] == 125  # without --hang: no verdict

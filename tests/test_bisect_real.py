@@ -26,7 +26,7 @@ def test_commit_bisect_lands_on_the_change_git_log_names(tmp_path):
     after = repo.git.log("--first-parent", "--reverse", "--format=%H", f"{added}..{master}").split()
     good, bad = repo.commit(added).parents[0].hexsha, after[min(5, len(after) - 1)]
     code = bisect_cli.main(["--tier", "commits", "--repo", REPO, "--good", good, "--bad", bad,
-                            "--torch", "2.13.0", "--repro", str(PREDICATE), "--timeout", "300",
+                            "--torch", "2.13.0", "--script", str(PREDICATE), "--timeout", "300",
                             "--state", str(tmp_path / "state.json"), "--out", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())

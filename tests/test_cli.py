@@ -64,3 +64,15 @@ def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session, s
     assert says in proc.stdout, proc.stdout[-2000:]
     installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
     assert not installed & {"torch", "git", "gitpython", "pytorch_lightning", "packaging"}, installed
+
+
+def test_repro_cell_skips_the_other_cells_before_installing_them(tmp_path):
+    """`nox -s repro -- --cell NAME` (the name every session gives a cell) runs that cell alone:
+    another cell ends as skipped with nothing installed in its environment."""
+    proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "--envdir",
+                           str(tmp_path), "-s", "repro", "-k", "pl2_4_0_torch2_4_1", "--", "--cell",
+                           "pl2_6_6_torch2_13_0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "skipped: not --cell pl2_6_6_torch2_13_0" in proc.stderr, proc.stderr[-2000:]
+    installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
+    assert not installed & {"torch", "pytorch_lightning"}, installed

@@ -26,7 +26,7 @@ TEST_TORCH = "2.13.0"  # what the test environment has (the noxfile's TEST_TORCH
 
 
 def bisect(case: dict, tmp_path: Path, out: Path, *args: str) -> tuple[int, dict, str]:
-    code = bisect_cli.main(["--repro", str(CORPUS / f"{case.get('script', case['name'])}.py"),
+    code = bisect_cli.main(["--script", str(CORPUS / f"{case.get('script', case['name'])}.py"),
                             "--signature", case["signature"], "--timeout", "300",
                             "--state", str(tmp_path / "state.json"), "--out", str(out), *args])
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}

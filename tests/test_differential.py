@@ -147,11 +147,11 @@ def test_the_bisect_takes_bad_output_as_its_judge_and_keys_its_verdicts_by_it(tm
 
     repro = tmp_path / "r.py"
     repro.write_text("print('x')\n")
-    cfg = bisect_cli.parse_args(["--repro", str(repro), "--bad-output", "loaded back: no",
+    cfg = bisect_cli.parse_args(["--script", str(repro), "--bad-output", "loaded back: no",
                                  "--out", str(tmp_path)])
     assert cfg.bad_output == "loaded back: no"
     assert "|bad-output=loaded back: no" in bisect_cli.signature_key(cfg)
-    proc = subprocess.run([sys.executable, "-m", "tools.bisect_cli", "--repro", str(repro),
+    proc = subprocess.run([sys.executable, "-m", "tools.bisect_cli", "--script", str(repro),
                            "--bad-output", "(", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --bad-output '(' is not a valid regex")
@@ -190,7 +190,7 @@ def test_an_output_only_regression_is_reproduced_through_its_differential_on_rea
     out = tmp_path / "out"
     report = FIXTURES / "checkpoint_output_regression.md"
     proc = subprocess.run([sys.executable, "-m", "tools.triage", str(report),
-                           "--trials", "1", "--minimize-budget", "0", "--no-bisect", "--out", str(out)],
+                           "--trials", "1", "--budget", "0", "--no-bisect", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = json.loads((out / "triage.json").read_text())

@@ -20,6 +20,8 @@ from test_bisect import FIXTURE, cli, make_repo, no_envs  # noqa: F401  (fixture
 
 from tools import bisect, bisect_cli, gitrange, results, run
 
+OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
+
 
 def wait_for(path: Path, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
@@ -109,7 +111,7 @@ def test_trials_auto_is_cached_and_stops_on_a_harness_failure(tmp_path):
         b3.auto_trials("b")
 
 
-# -- what --repro can be --------------------------------------------------------------------
+# -- what --script can be ------------------------------------------------------------------
 
 @pytest.mark.parametrize("make, message", [
     (lambda p: p.mkdir(), "is a directory"),
@@ -120,7 +122,7 @@ def test_trials_auto_is_cached_and_stops_on_a_harness_failure(tmp_path):
 def test_a_repro_that_cannot_be_judged_is_refused_before_any_step(tmp_path, capsys, make, message):
     repro = tmp_path / ("r.py" if "signature" in message else "r")
     make(repro)
-    assert bisect_cli.main(["--repro", str(repro), "--state", str(tmp_path / "s.json"),
+    assert bisect_cli.main(["--script", str(repro), "--state", str(tmp_path / "s.json"),
                             "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
@@ -134,7 +136,7 @@ def test_a_shell_script_repro_runs_with_the_candidates_python(tmp_path, no_envs,
     sh.write_text(f'#!/bin/sh\nexec python "{FIXTURE}"\n')
     sh.chmod(sh.stat().st_mode | stat.S_IXUSR)
     code = bisect_cli.main(["--tier", "commits", "--repo", repo.working_dir, "--torch", "2.13.0",
-                            "--good", "1.0.0", "--bad", "master", "--repro", str(sh),
+                            "--good", "1.0.0", "--bad", "master", "--script", str(sh),
                             "--signature", "marker: bug", "--state", str(tmp_path / "s.json"),
                             "--out", str(tmp_path / "out")])
     assert code == 0
@@ -152,7 +154,7 @@ def test_a_shell_script_repro_runs_with_the_candidates_python(tmp_path, no_envs,
 def test_a_broken_state_file_is_one_line_naming_it(tmp_path, capsys, content, message):
     state = tmp_path / "state.json"
     state.write_text(content)
-    assert bisect_cli.main(["--state", str(state), "--out", str(tmp_path / "out")]) == 2
+    assert bisect_cli.main([*OWN, "--state", str(state), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(state) in err[0] and message in err[0]
     assert not (tmp_path / "out").exists()
@@ -161,14 +163,14 @@ def test_a_broken_state_file_is_one_line_naming_it(tmp_path, capsys, content, me
 def test_an_unwritable_state_folder_is_refused_before_the_first_step(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     unwritable = tmp_path / "file" / "s.json"  # (a read-only folder is writable for root)
-    assert bisect_cli.main(["--state", str(unwritable), "--out", str(tmp_path / "o")]) == 2
+    assert bisect_cli.main([*OWN, "--state", str(unwritable), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: state file {unwritable}")
     assert not (tmp_path / "o").exists()
 
 
 def test_an_invalid_signature_is_refused_before_any_step(tmp_path, capsys):
-    assert bisect_cli.main(["--signature", "reducer(", "--state", str(tmp_path / "s.json")]) == 2
+    assert bisect_cli.main([*OWN, "--signature", "reducer(", "--state", str(tmp_path / "s.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a valid regex" in err[0]
 
@@ -298,7 +300,7 @@ def test_a_signal_to_nox_reaches_the_tool_which_cleans_up(tmp_path, sig):
 
 def test_bad_input_exits_2_through_nox(root):
     proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(root / "noxfile.py"), "-s", "bisect",
-                           "--", "--trials", "0"], capture_output=True, text=True, timeout=600)
+                           "--", *OWN, "--trials", "0"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "error: --trials takes a number >= 1 or 'auto'" in proc.stderr
 
@@ -313,7 +315,7 @@ def test_an_unwritable_results_or_cache_folder_is_refused_before_the_first_step(
         monkeypatch.setattr(bisect_cli, "CACHE", blocked)
     monkeypatch.setattr(bisect_cli, "release_ends", lambda cfg: (["1.0", "2.0"], None, 1))
     monkeypatch.setattr(bisect_cli, "release_tier", lambda *a: pytest.fail("a step ran"))
-    assert bisect_cli.main(["--state", str(tmp_path / "s.json"), "--out", str(out)]) == 2
+    assert bisect_cli.main([*OWN, "--state", str(tmp_path / "s.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write there" in err[0]
 
@@ -340,7 +342,7 @@ def test_a_full_disk_while_saving_the_state_is_one_line_128_and_keeps_the_earlie
         real(path, data)
 
     monkeypatch.setattr(bisect, "write_json", full_after_two)
-    code = bisect_cli.main(["--tier", "releases", "--good", "1.0.0", "--state", str(state),
+    code = bisect_cli.main([*OWN, "--tier", "releases", "--good", "1.0.0", "--state", str(state),
                             "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 128 and len(err) == 1, err
@@ -351,7 +353,8 @@ def test_a_full_disk_while_saving_the_state_is_one_line_128_and_keeps_the_earlie
 def test_an_unknown_torch_is_refused_and_leaves_no_empty_run_folder(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
-    code = bisect_cli.main(["--tier", "releases", "--torch", "9.9.9", "--state", str(tmp_path / "s.json")])
+    code = bisect_cli.main([*OWN, "--tier", "releases", "--torch", "9.9.9",
+                            "--state", str(tmp_path / "s.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err == ["error: torch 9.9.9 is not on the package index"]
     assert not list((tmp_path / "results").glob("bisect/*"))
@@ -361,7 +364,7 @@ def test_an_unwritable_results_folder_names_its_path(tmp_path, capsys, monkeypat
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "file"))
     monkeypatch.setattr(bisect_cli, "release_ends", lambda cfg: (["1.0", "2.0"], None, 1))
-    assert bisect_cli.main(["--state", str(tmp_path / "s.json")]) == 2
+    assert bisect_cli.main([*OWN, "--state", str(tmp_path / "s.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: the results folder {tmp_path / 'file' / 'bisect'}: cannot write there")
 

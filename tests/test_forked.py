@@ -18,6 +18,8 @@ from conftest import alive
 
 from tools import harness, preloaded
 
+OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,7 +189,7 @@ def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_i
 
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    cfg = dataclasses.replace(bisect_cli.parse_args(["--state", str(tmp_path / "s.json")]),
+    cfg = dataclasses.replace(bisect_cli.parse_args([*OWN, "--state", str(tmp_path / "s.json")]),
                               repro=script, preload=True, timeout=60)  # as the workspace's repros
     try:
         codes = [bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable), log_stem=tmp_path / f"t{i}",

@@ -80,6 +80,7 @@ def test_every_cell_id_given_to_k_selects_that_cell_and_no_other(root):
     (["--timeout", "-5"], "must be a number of seconds > 0, not -5"),
     (["--timeout", "0"], "must be a number of seconds > 0, not 0"),
     (["--timeout", "soon"], "'soon' is not a number of seconds"),
+    (["--cell", "pl9_9_9_torch9_9_9"], "--cell pl9_9_9_torch9_9_9: no such cell"),
     (["--script", "README.md", "--signature", "x"], "cannot tell how to run it (not a .py file, no #! line)"),
     (["--script", "tests/fixtures/not_executable.sh", "--signature", "x"], "is not executable (chmod +x)"),
 ])

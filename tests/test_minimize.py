@@ -501,6 +501,8 @@ def test_a_fresh_confirmation_gets_the_originals_limit_not_the_forks(tmp_path, m
 
 @pytest.mark.parametrize(("args", "message"), [
     (["missing.py", "--signature", "x"], "missing.py: not found"),
+    (["--script", "missing.py", "--signature", "x"], "missing.py: not found"),  # every session's name
+    (["--signature", "x"], "no script"),
     (["tests", "--signature", "x"], "a directory, not a script"),
     (["README.md", "--signature", "x"], "not a .py file"),
     (["tests/test_minimize.py"], "give --signature REGEX"),

@@ -318,7 +318,7 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
     monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: None)
     monkeypatch.setattr(triage.locate, "known_bug", lambda *a, **k: "")
     t = triage.triage(triage.parse_args([str(ISSUES / "snippet_without_imports.md"), "--trials", "1",
-                                         "--minimize-budget", "0", "--repo", "",
+                                         "--budget", "0", "--repo", "",
                                          "--out", str(tmp_path / "out")]))
     assert "from pytorch_lightning.callbacks import BackboneFinetuning" in ran["code"]
     assert "from pytorch_lightning import LightningModule" in ran["code"]
@@ -394,7 +394,7 @@ def test_a_silent_divergence_report_is_reproduced_in_the_sandbox_with_the_replic
     report = tmp_path / "drift.md"
     report.write_text(text)
     code, out, err = run_triage(tmp_path, str(report), "--trials", "1", "--no-bisect",
-                                "--minimize-budget", "0", "--repo", "")  # no master cell
+                                "--budget", "0", "--repo", "")  # no master cell
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["check_replicas"] == "epoch" and data["signature"] is None
@@ -424,7 +424,7 @@ def test_a_bug_fixed_since_the_reporters_release_gets_its_fix_bisected(tmp_path)
     versions, not in the newest, so the bisect looks for the fix, over real releases (and, with
     a Lightning checkout in ``LIGHTNING_REPO``, its commits and a master cell)."""
     code, out, err = run_triage(tmp_path, str(ISSUES / "fixed_later.md"), "--trials", "1",
-                                "--minimize-budget", "0")
+                                "--budget", "0")
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert [(c["label"], c["lightning"], c["verdicts"]) for c in data["cells"][:2]] == [
@@ -450,7 +450,7 @@ def test_a_script_report_without_its_lightning_version_runs_in_the_fingerprinted
     """No Lightning version stated: the reporter's cell is the release whose source has every
     quoted line of the traceback's frames (real wheels or tags), and the script is bad there."""
     code, out, err = run_triage(tmp_path, str(ISSUES / "no_version.md"), "--trials", "1",
-                                "--no-bisect", "--minimize-budget", "0")
+                                "--no-bisect", "--budget", "0")
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["versions_said"]["lightning"] is None and data["versions_fingerprinted"] == "2.5.0"
@@ -530,7 +530,7 @@ def test_one_release_on_two_torches_bisects_torch(tmp_path, monkeypatch, bad_in,
 
     monkeypatch.setattr(triage.runs, "run_cell", run_cell)
     monkeypatch.setattr(triage.locate, "bisect", bisect)
-    t = triage.triage(triage.parse_args([str(report), "--minimize-budget", "0", "--repo", "",
+    t = triage.triage(triage.parse_args([str(report), "--budget", "0", "--repo", "",
                                          "--out", str(tmp_path / "out")]))
     assert [(c["lightning"], c["torch"]) for c in t["cells"]] == [("2.6.6", "2.6.0"), ("2.6.6", "2.13.0")]
     assert asked["torch_axis"] == ("2.6.6", "2.6.0", "2.13.0")
@@ -552,7 +552,7 @@ def test_a_bug_only_master_shows_is_said_so_and_not_bisected(tmp_path, monkeypat
     monkeypatch.setattr(triage.runs, "run_cell", run_cell)
     monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: pytest.fail("nothing to bisect"))
     t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--trials", "1",
-                                         "--minimize-budget", "0", "--out", str(tmp_path / "out")]))
+                                         "--budget", "0", "--out", str(tmp_path / "out")]))
     assert t["status"].startswith("reproduced 1/1 at master abc123 only, not in a release: 0/1 on "
                                   "pytorch-lightning 2.6.6"), t["status"]
     assert "questions" not in t
@@ -577,7 +577,7 @@ def test_an_unstable_repro_is_said_and_bisected_with_auto_trials(tmp_path, monke
     asked = {}
     monkeypatch.setattr(triage.runs, "run_cell", run_cell)
     monkeypatch.setattr(triage.locate, "bisect", lambda *a, **k: asked.update(auto=a[1].auto) or None)
-    t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
+    t = triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--budget", "0",
                                          "--repo", "", "--out", str(tmp_path / "out")]))
     assert "; unstable (1/3 on 2.5.0, 1/3 on 2.6.6): the bisect ran with --trials auto" in t["status"]
     assert asked["auto"] is True
@@ -599,7 +599,7 @@ def test_the_nodes_a_script_is_written_for(code, nodes):
 @pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
 def test_a_script_for_two_nodes_runs_as_two_nodes_in_the_sandbox(tmp_path):
     code, out, err = run_triage(tmp_path, str(ISSUES / "two_nodes.md"), "--trials", "1", "--no-bisect",
-                                "--minimize-budget", "0", "--repo", "")
+                                "--budget", "0", "--repo", "")
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["nodes"] == [2, 1]
@@ -704,7 +704,7 @@ def test_two_reports_of_the_same_name_get_two_folders_and_one_triaged_again_resu
         (tmp_path / name).mkdir(exist_ok=True)
         report = tmp_path / name / "issue.md"
         report.write_text((ISSUES / "fixed_later.md").read_text())
-        t = triage.triage(triage.parse_args([str(report), "--trials", "1", "--minimize-budget", "0",
+        t = triage.triage(triage.parse_args([str(report), "--trials", "1", "--budget", "0",
                                              "--repo", ""]))
         folders.append(t["out"])
         assert (Path(t["out"]) / "comment.md").is_file()
@@ -718,7 +718,7 @@ def test_no_sandbox_here_means_nothing_runs_unless_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: "no sandbox here: bwrap not installed")
     monkeypatch.setattr(triage.runs, "run_cell", lambda *a, **k: pytest.fail("ran without a sandbox"))
     with pytest.raises(contract.BadInput) as err:
-        triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--minimize-budget", "0",
+        triage.triage(triage.parse_args([str(ISSUES / "fixed_later.md"), "--budget", "0",
                                          "--repo", "", "--out", str(tmp_path / "out")]))
     assert str(err.value) == ("no sandbox here: bwrap not installed; nothing was run (--allow-unsandboxed "
                               "runs the pasted code without it, as you)")
@@ -771,7 +771,7 @@ def test_every_report_of_the_corpus_has_its_expected_first_line():
                                   "syntax_error", "worked_before_no_code"])
 def test_the_reports_that_need_no_run_give_their_expected_first_line(tmp_path, name):
     code, out, err = run_triage(tmp_path, str(ISSUES / f"{name}.md"), "--trials", "1",
-                                "--minimize-budget", "0")
+                                "--budget", "0")
     assert code == 0, err[-2000:]
     first = (tmp_path / "out" / "comment.md").read_text().splitlines()[0].removeprefix("**Triage:** ")
     assert re.match(EXPECTED[name]["first"], first), first
@@ -806,7 +806,7 @@ def test_a_report_that_says_it_hangs_is_reproduced_by_a_run_that_outlives_its_li
                       "from pytorch_lightning import Trainer\n\nif torch.__version__ == 'never':\n"
                       "    Trainer()\ntime.sleep(600)\n```\n")
     code, out, err = run_triage(tmp_path, str(report), "--trials", "1", "--timeout", "3", "--no-bisect",
-                                "--minimize-budget", "0", "--repo", "")
+                                "--budget", "0", "--repo", "")
     assert code == 0, err[-3000:]
     data = json.loads((tmp_path / "out" / "triage.json").read_text())
     assert data["hang_why"] == "the report says 'never returns' and shows no exception"

@@ -106,7 +106,8 @@ class Config:
         return f"{self.repro_text} @{digest.hexdigest()[:12]}"
 
 
-def parse_args(argv) -> Config:
+def parser() -> contract.Parser:
+    """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s bisect --", description=__doc__.split("\n\n")[0])
     target = p.add_argument_group("what is bisected")
     target.add_argument("--tier", choices=("releases", "commits", "both"), default="both",
@@ -129,15 +130,14 @@ def parse_args(argv) -> Config:
     target.add_argument("--torch", default="auto",
                         help="torch for Lightning candidates (auto: the newest out at each one's date)")
     target.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
-    target.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
-                        help="a Lightning git repository, path or URL, for the commit tier (default: "
-                             "$LIGHTNING_REPO, else upstream's, cloned once into .cache)")
+    contract.add_repo(target)
     judge = p.add_argument_group("the script, and what counts as bad")
-    judge.add_argument("--repro", default="repro/backbone_finetuning_ddp.py",
-                       help="the script to bisect, yours (the default is the workspace's #20340 "
-                            "repro, repro/backbone_finetuning_ddp.py): a .py file or an executable "
-                            "with a #! line (run with the candidate's environment first on PATH)")
-    contract.add_judges(judge, "--repro")
+    judge.add_argument("--script",
+                       help="the script to bisect (required): a .py file or an executable with a #! "
+                            "line (run with the candidate's environment first on PATH); the "
+                            "workspace's own, e.g. repro/backbone_finetuning_ddp.py for #20340")
+    contract.add_old_name(judge, "--repro", "--script")
+    contract.add_judges(judge, "--script")
     judge.add_argument("--hang", action="store_true",
                        help="the bug is a hang: a run that outlives --timeout is bad (no --signature "
                             "needed)")
@@ -151,7 +151,8 @@ def parse_args(argv) -> Config:
     running = p.add_argument_group("how it runs")
     running.add_argument("--trials", default="1",
                          help="runs per step, or 'auto' (from the bad end's rate)")
-    running.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of one run")
+    running.add_argument("--timeout", type=contract.seconds, default=600.0,
+                         help="wall-clock limit of one run")
     running.add_argument("--jobs", default="auto", metavar="K",
                          help="candidates tested at once per round, each a fresh process (default "
                               "auto: one per two cores for a script of yours; 1 for the workspace's "
@@ -170,32 +171,40 @@ def parse_args(argv) -> Config:
     output.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"),
                         help="the verdict cache: a verdict already in it is not run again")
     output.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
+    return p
+
+
+def parse_args(argv) -> Config:
+    p = parser()
     argv, rest = list(argv), None
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     args = p.parse_args(argv)
     slurm = slurm_jobs.options(args) if args.executor == "slurm" else None
-    repro = Path(args.repro)
+    if not args.script:
+        raise BadInput("--script is required: the script to bisect (e.g. --script "
+                       "repro/backbone_finetuning_ddp.py, the workspace's repro of #20340)")
+    repro = Path(args.script)
     if not repro.is_absolute():
         repro = (ROOT / repro) if (ROOT / repro).exists() else repro.resolve()
-    run_as = harness.how_to_run(repro, "--repro", args.repro)
+    run_as = harness.how_to_run(repro, "--script", args.script)
     own = own_repro(repro)
     verdict_line = own is not None and own.verdict_line or args.verdict_line
     if not (verdict_line or args.signature or args.check_replicas or args.hang or args.bad_output):
-        raise BadInput(f"--repro {args.repro} prints no verdict line: give --signature REGEX (what "
+        raise BadInput(f"--script {args.script} prints no verdict line: give --signature REGEX (what "
                        "its output shows when the bug is there), --check-replicas for a silent "
                        "divergence, --hang for a hang, --bad-output REGEX for a behaviour, or "
                        "--verdict-line if it prints the contract's verdict line")
     contract.check_signature(args.signature)
     contract.check_signature(args.bad_output, "--bad-output")
     trials = contract.check_trials(args.trials)
-    if args.timeout <= 0:
-        raise BadInput("--timeout must be > 0")
     if args.axis == "torch" and not args.lightning:
         raise BadInput("--axis torch needs --lightning VERSION")
     if args.tier == "commits" and not (args.good and args.bad):
         raise BadInput("a commit bisect needs --good and --bad refs")
+    if args.tier == "commits" and not args.repo:
+        raise BadInput(f"a commit bisect needs a Lightning repository: {contract.REPO_HOW}")
     if args.jobs == "auto":  # parallel fresh processes, or one at a time forked from a preloaded runner
         preloaded = own is not None and not args.fresh_process
         jobs = 1 if preloaded or args.executor == "slurm" else default_jobs()
@@ -424,7 +433,7 @@ def source_env(path: Path) -> dict:
 def commit_tier(cfg: Config, good_ref: str, bad_ref: str, log, out: Path, first_bad: str | None = None):
     from tools import gitrange
 
-    source = cfg.repo or gitrange.UPSTREAM
+    source = cfg.repo
     repo = gitrange.open_repo(source, CACHE / "repos")
     good, bad = gitrange.resolve(repo, good_ref), gitrange.resolve(repo, bad_ref)
     good, bad, notes = gitrange.mainline(repo, good, bad)
@@ -582,6 +591,9 @@ def report(cfg: Config, argv, release: dict | None, commit: dict | None, seconds
                 lines.append(f"- Environment of the {end_name(end, words)}: " + (
                     f"`{name}`, {ENV_NOTES[name]}." if name in ENV_NOTES else
                     "not made by this run (its verdicts came from the state file)."))
+    if not commit and not cfg.repo and release and release["outcome"].status == "found" \
+            and cfg.axis == "lightning":
+        lines += ["", f"Commits not searched: no Lightning repository ({contract.REPO_HOW})."]
     if commit:
         o, candidates = commit["outcome"], commit["candidates"]
         by_sha = {c.sha: c for c in candidates}
@@ -681,8 +693,11 @@ def _tiers(cfg: Config, argv: list[str], log, out: Path, release_ends_, start: f
             status = outcome.status
         if cfg.tier == "commits":  # the engine's old end, then its new end
             good, bad = (cfg.bad, cfg.good) if cfg.find_fix else (cfg.good, cfg.bad)
-        elif status == "found" and cfg.axis == "lightning" and cfg.tier == "both":
+        elif status == "found" and cfg.axis == "lightning" and cfg.tier == "both" and cfg.repo:
             good, bad = release["outcome"].last_good, release["outcome"].first_bad
+        elif status == "found" and cfg.axis == "lightning" and cfg.tier == "both":
+            log(f"[commits] not searched: no Lightning repository ({contract.REPO_HOW})")
+            good = bad = None
         else:
             good = bad = None
         if good and bad:

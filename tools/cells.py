@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tools import contract, envs, harness, index, results
 from tools.launcher import How, Launcher, Run
-from tools.matrix import ROOT, Cell, Matrix, Repro
+from tools.matrix import ROOT, Cell, Matrix, Repro, load
 
 _DONE: list[float] = []  # seconds of each cell run by this process, for the ETA
 _START = time.monotonic()
@@ -24,23 +24,28 @@ def parser() -> argparse.ArgumentParser:
                     "Lightning release on one torch release, its own environment; pick cells with "
                     "nox's -k, e.g. nox -s repro -k 2.6.6). Options it does not know go to the "
                     "repros (python repro/<name>.py --help lists theirs).")
-    p.add_argument("--include-unsupported", action="store_true",
-                   help="also run cells outside a release's declared torch range")
-    p.add_argument("--timeout", type=contract.seconds, default=300.0, help="wall-clock limit per repro run")
-    p.add_argument("--script", help="also run this user script (any repro following the exit codes)")
-    contract.add_judges(p, "--script")
-    p.add_argument("--fresh-process", action="store_true",
-                   help="a new interpreter for every repro run (default: the cell's repros are "
-                        "forks of one process that imported torch and Lightning once)")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="run every repro as this many nodes (each a torchrun with c10d rendezvous on "
-                        "this machine, as a cluster launches a job); repros that run on one node "
-                        "only are recorded as not run")
-    p.add_argument("--ranks-per-node", type=int, default=None,
-                   help="ranks of each node with --nodes (default 1)")
+    which = p.add_argument_group("which cells, and what runs in them")
+    which.add_argument("--cell", help="only this cell, by its name (e.g. pl2_6_6_torch2_13_0; the same "
+                                      "as nox's -k, which also skips making the other cells' folders)")
+    which.add_argument("--include-unsupported", action="store_true",
+                       help="also run cells outside a release's declared torch range")
+    which.add_argument("--script", help="also run this user script (any repro following the exit codes)")
+    contract.add_judges(which, "--script")
+    running = p.add_argument_group("how it runs")
+    running.add_argument("--timeout", type=contract.seconds, default=300.0,
+                         help="wall-clock limit per repro run")
+    running.add_argument("--fresh-process", action="store_true",
+                         help="a new interpreter for every repro run (default: the cell's repros are "
+                              "forks of one process that imported torch and Lightning once)")
+    running.add_argument("--nodes", type=int, default=1,
+                         help="run every repro as this many nodes (each a torchrun with c10d rendezvous "
+                              "on this machine, as a cluster launches a job); repros that run on one "
+                              "node only are recorded as not run")
+    running.add_argument("--ranks-per-node", type=int, default=None,
+                         help="ranks of each node with --nodes (default 1)")
     from tools import slurm_jobs
 
-    slurm_jobs.add_options(p)
+    slurm_jobs.add_options(p.add_argument_group("SLURM (--executor slurm)"))
     return p
 
 
@@ -70,6 +75,8 @@ def parse_posargs(posargs: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     "contract's verdict line")
     elif opts.check_replicas:
         p.error("--check-replicas goes with --script (the workspace's repros check themselves)")
+    if opts.cell and opts.cell not in {c.id for c in load().cells}:
+        p.error(f"--cell {opts.cell}: no such cell (nox -l lists them: repro(NAME))")
     try:
         contract.check_signature(opts.signature)
     except contract.BadInput as err:

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import re
 import signal
 import sys
@@ -211,6 +212,18 @@ def add_judges(parser, script: str) -> None:
     add_check_replicas(parser)
 
 
+REPO_HOW = "give --repo PATH|URL, or set $LIGHTNING_REPO; README: LIGHTNING_REPO"
+
+
+def add_repo(parser, what: str = "the commit tier (Lightning commits between two releases)",
+             without: str = "releases only", url: bool = True) -> None:
+    """``--repo``, alike in every program that can use a Lightning git repository."""
+    kind = "a path or a URL (cloned once into .cache)" if url else "a path"
+    parser.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
+                        help=f"a Lightning git repository, {kind}, for {what} (default: "
+                             f"$LIGHTNING_REPO; without one, {without})")
+
+
 def add_nodes(parser) -> None:
     """``--nodes N --ranks-per-node R``: every run as N nodes of one job on this machine
     (``tools.nodes``: a torchrun per node, c10d rendezvous), for a script written for several."""
@@ -284,8 +297,8 @@ class BadInput(Failure, ValueError):
 
 
 class DefaultsShown(argparse.HelpFormatter):
-    """Help that gives each option's default, a duration's in seconds: unless its text already
-    says it, or it has none (a flag, an option that is absent unless given)."""
+    """Help that gives each option's default, a duration's in seconds and a budget's in minutes:
+    unless its text already says it, or it has none (a flag, an option absent unless given)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -293,8 +306,27 @@ class DefaultsShown(argparse.HelpFormatter):
         if (not action.option_strings or default in (None, False, argparse.SUPPRESS, [], ())
                 or "default" in text or not text):
             return text
-        unit = " s" if action.type is seconds or "timeout" in action.dest else ""
+        unit = (" s" if action.type is seconds or "timeout" in action.dest
+                else " min" if action.metavar == "MINUTES" else "")
         return f"{text} (default: %(default)s{unit})"
+
+
+def add_old_name(parser, old: str, new: str, **kwargs) -> None:
+    """``old``, an option's former spelling, still works for one release: it sets ``new``'s value,
+    says on stderr that it is deprecated, and is left out of the help."""
+    parser.add_argument(old, dest=new.lstrip("-").replace("-", "_"), action=_OldName, new=new,
+                        help=argparse.SUPPRESS, **kwargs)
+
+
+class _OldName(argparse.Action):
+    def __init__(self, *args, new: str, **kwargs):
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"warning: {option_string} is deprecated, use {self.new} (the old name goes in the next "
+              "release)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 class Parser(argparse.ArgumentParser):

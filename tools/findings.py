@@ -44,7 +44,7 @@ TITLES = {"repro": "Repro matrix (`nox -s repro`)",
 HOW = {"repro": "nox -s repro", "bisect": "nox -s bisect -- ...", "patches": "nox -s patches",
        "stress": "python repro/ddp_weakref_stress.py --out DIR"}
 STRESS_SCRIPT = "repro/ddp_weakref_stress.py"
-BISECT_REPRO = "repro/backbone_finetuning_ddp.py"  # `nox -s bisect`'s default --repro
+BISECT_REPRO = "repro/backbone_finetuning_ddp.py"  # the script of a bisect recorded when it was the default
 STAMP = re.compile(r"^(\d{4})(\d\d)(\d\d)-(\d\d)(\d\d)(\d\d)$")  # results.run_dir's folder names
 NAME = re.compile(r"^[A-Za-z0-9][\w.+-]*$")
 # an absolute path of two parts or more, not inside a URL or a relative path
@@ -165,7 +165,7 @@ def _stress_meta(folder: Path, files: dict[str, str]) -> dict:
 def bisect_args(argv: list[str]) -> argparse.Namespace:
     """The options of a recorded bisect that say what it was about."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--repro", default=BISECT_REPRO)
+    p.add_argument("--script", "--repro", dest="repro", default=BISECT_REPRO)  # --repro: its old name
     p.add_argument("--axis", default="lightning")
     p.add_argument("--tier", default="both")
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -376,7 +376,7 @@ def corpus_table(records: list[Record]) -> list[str]:
     cases = {c["name"]: c for c in tomllib.loads(CORPUS.read_text())["case"]} if CORPUS.exists() else {}
     lines = ["### Corpus of real regressions (`tests/corpus`, `tests/test_corpus.py`)", "",
              "Each case bisected from its user-style script as a user would run it "
-             "(`nox -s bisect -- --repro tests/corpus/<case>.py --signature ... --repo <checkout>`), "
+             "(`nox -s bisect -- --script tests/corpus/<case>.py --signature ... --repo <checkout>`), "
              "with the torch of each release's day (`auto`) and with one fixed torch; right when the "
              "commit named is the culprit upstream named (or the same change's other cherry-pick).", "",
              "| case | torch | releases: last good -> first bad | first bad commit | right? | steps "

@@ -456,17 +456,21 @@ def check_version(option: str, value: str) -> Version:
         raise ValueError(f"{option} {value!r} is not a version") from None
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The program's options (its ``--help``)."""
     p = argparse.ArgumentParser(prog="nox -s fingerprint --", description=__doc__.split("\n\n")[0],
                                 formatter_class=contract.DefaultsShown)
     p.add_argument("traceback", help="a file with the pasted traceback")
-    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
-                   help="a Lightning git checkout: read its tags instead of wheels (default: "
-                        "$LIGHTNING_REPO; without one, wheels)")
+    contract.add_repo(p, "its release tags, read instead of the wheels", "the wheels", url=False)
     p.add_argument("--package", help=f"the Lightning package: {', '.join(PACKAGES)} (default: "
                    "lightning when the paths show lightning/pytorch, else pytorch-lightning)")
     p.add_argument("--since", default="2.0.0", help="oldest release to consider")
     p.add_argument("--torch-since", default="2.0.0", help="oldest torch release to consider")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     # every input is checked before the index or a wheel is asked for anything
     try:

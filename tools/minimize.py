@@ -145,48 +145,66 @@ class Config:
     control_patch: str | None = None  # a Lightning patch of the series, applied to a copy for the control
 
 
-def parse_args(argv: list[str]) -> Config:
+def parser() -> contract.Parser:
+    """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s minimize --", description=__doc__.split("\n\n")[0])
-    p.add_argument("script", help="the program to shrink (a .py file)")
-    contract.add_judges(p, "script")
-    contract.add_nodes(p)
-    contract.add_sandbox(p, "every run")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL})")
-    where.add_argument("--python", help="run it with this interpreter (its environment as it is)")
-    p.add_argument("--trials", default="1",
-                   help="runs per candidate, any bad = interesting; 'auto': from the original's rate")
-    p.add_argument("--budget", type=float, default=60.0, help="minutes of reduction (default 60)")
-    p.add_argument("--max-runs", type=int,
-                   help="also stop after this many launches of candidates in this invocation (a "
-                        "budget that ends at the same point on any machine; the next one resumes)")
-    p.add_argument("--out", help="output folder (default results/minimize/<script name>)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="wall-clock limit of a run of the original (s); a candidate gets "
-                        f"{CANDIDATE_TIMEOUT[0]} x the original's slowest run, at least "
-                        f"{CANDIDATE_TIMEOUT[1]:g} s")
-    p.add_argument("--confirm", type=int, default=3,
-                   help="fresh runs of the result that must show the signature (default 3)")
-    p.add_argument("--fresh-process", action="store_true",
-                   help="a new interpreter for every candidate (default: forks of one process "
-                        "that imported torch and Lightning; the confirmation runs are always fresh)")
-    control = p.add_mutually_exclusive_group()
+    what = p.add_argument_group("the script, and what counts as bad")
+    what.add_argument("script", nargs="?", help="the program to shrink (a .py file); or --script")
+    what.add_argument("--script", dest="script_option", metavar="SCRIPT",
+                      help="the same, by the name every session gives the user's script")
+    contract.add_judges(what, "script")
+    contract.add_nodes(what)
+    contract.add_sandbox(what, "every run")
+    where = p.add_argument_group("where it runs (one of --cell and --python), and the control")
+    env = where.add_mutually_exclusive_group()
+    env.add_argument("--cell", help=f"run it in this matrix cell's environment (default {DEFAULT_CELL}; "
+                                    "a cell's name as nox -s repro -k takes it)")
+    env.add_argument("--python", help="run it with this interpreter (its environment as it is)")
+    control = where.add_mutually_exclusive_group()
     control.add_argument("--control-cell",
                          help="a matrix cell where the bug is fixed: a candidate is interesting only if "
                               "it is also good there (a check that tests a symptom the reduction can "
                               "fake is caught); the original must be good there")
     control.add_argument("--control-python", help="the same, in this interpreter's environment")
-    p.add_argument("--control-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="a variable of the control runs (a patched copy first on PYTHONPATH, a switch "
-                        "that turns the fix on); alone, the control is the same interpreter with it")
-    p.add_argument("--control-patch", metavar="NAME",
-                   help="a Lightning patch of the series (patches/): the control is a copy of the "
-                        "environment's pytorch_lightning with it applied, first on PYTHONPATH")
+    where.add_argument("--control-env", action="append", default=[], metavar="NAME=VALUE",
+                       help="a variable of the control runs (a patched copy first on PYTHONPATH, a switch "
+                            "that turns the fix on); alone, the control is the same interpreter with it")
+    where.add_argument("--control-patch", metavar="NAME",
+                       help="a Lightning patch of the series (patches/): the control is a copy of the "
+                            "environment's pytorch_lightning with it applied, first on PYTHONPATH")
+    budget = p.add_argument_group("how long, and how sure")
+    budget.add_argument("--budget", type=float, default=60.0, metavar="MINUTES", help="minutes of reduction")
+    budget.add_argument("--max-runs", type=int,
+                        help="also stop after this many launches of candidates in this invocation (a "
+                             "budget that ends at the same point on any machine; the next one resumes)")
+    budget.add_argument("--timeout", type=contract.seconds, default=300.0,
+                        help="wall-clock limit of a run of the original; a candidate gets "
+                             f"{CANDIDATE_TIMEOUT[0]} x the original's slowest run, at least "
+                             f"{CANDIDATE_TIMEOUT[1]:g} s")
+    budget.add_argument("--trials", default="1",
+                        help="runs per candidate, any bad = interesting; 'auto': from the original's rate")
+    budget.add_argument("--confirm", type=int, default=3,
+                        help="fresh runs of the result that must show the signature")
+    budget.add_argument("--fresh-process", action="store_true",
+                        help="a new interpreter for every candidate (default: forks of one process "
+                             "that imported torch and Lightning; the confirmation runs are always fresh)")
+    output = p.add_argument_group("results")
+    output.add_argument("--out", help="output folder (default results/minimize/<script name>)")
+    return p
+
+
+def parse_args(argv: list[str]) -> Config:
+    p = parser()
     argv, rest = list(argv), ()
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], tuple(argv[cut + 1:])
     a = p.parse_args(argv)
+    if a.script and a.script_option:
+        raise BadInput("the script is given twice: as an argument and as --script")
+    a.script = a.script or a.script_option
+    if not a.script:
+        raise BadInput("no script: nox -s minimize -- SCRIPT (or --script SCRIPT) --signature REGEX")
     script = Path(a.script).resolve()
     if script.is_dir() or not script.is_file():
         raise BadInput(f"{a.script}: {'a directory, not a script' if script.is_dir() else 'not found'}")

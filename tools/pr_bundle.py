@@ -166,7 +166,10 @@ def main(argv=None) -> int:
     p.add_argument("--bisect", help="a bisect report.md to quote (e.g. the 'never worked' answer)")
     p.add_argument("--number", type=int, metavar="N",
                    help="the opened PR's number: replaces a CHANGELOG entry's pending link (#PR)")
+    contract.add_repo(p, "git format-patch on master", "the diff as it is in patches/")
     a = p.parse_args(argv)
+    if a.repo != os.environ.get("LIGHTNING_REPO"):  # --repo given: read where the repository is used
+        os.environ["LIGHTNING_REPO"] = a.repo
     if (a.bisect or a.number is not None) and not a.patch:
         print("error: --bisect and --number go with a patch", file=sys.stderr)
         return 2

@@ -80,8 +80,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="where runs happen: this machine, or SLURM jobs (sbatch)")
     p.add_argument("--partition", help="--executor slurm: the partition")
-    p.add_argument("--time", default="60",
-                   help="--executor slurm: a job's time limit in minutes (sbatch --time)")
+    p.add_argument("--time", default="60", metavar="MINUTES",
+                   help="--executor slurm: a job's time limit (sbatch --time)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="--executor slurm: GPUs per node")
     p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                    help="--executor slurm: one more sbatch option (repeatable), e.g. --sbatch=--account=A")

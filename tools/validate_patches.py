@@ -619,15 +619,25 @@ def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResul
                               sandbox=script.sandbox))
 
 
-def parse_args(argv) -> argparse.Namespace:
+def parser() -> contract.Parser:
+    """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s patches --", description=__doc__.split("\n\n")[0])
     p.add_argument("--patch", help="only this patch of the series")
-    p.add_argument("--cell", help="only this matrix cell")
+    p.add_argument("--cell", help="only this matrix cell, by its name (e.g. pl2_6_6_torch2_13_0, as nox -s "
+                                  "repro -k takes it)")
     p.add_argument("--repeat", type=int, default=REPEAT,
                    help=f"runs of each new multi-process test (the flaky gate; default {REPEAT})")
     p.add_argument("--script", help="also run this script of yours without and with the series")
     contract.add_judges(p, "--script")
+    contract.add_repo(p, "upstream's gates (the series applied to master)", "no upstream gates")
+    return p
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = parser()
     a = p.parse_args(argv)
+    if a.repo != os.environ.get("LIGHTNING_REPO"):  # --repo given: read where the repository is used
+        os.environ["LIGHTNING_REPO"] = a.repo
     if a.repeat < 1:
         raise contract.BadInput("--repeat takes a number >= 1")
     if a.script:

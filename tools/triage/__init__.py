@@ -23,7 +23,7 @@ understood.
    release on the newest torch, with the rate; when it reproduces on the newest, a release
    bisect (``nox -s bisect``), then the commits with ``--repo``/``LIGHTNING_REPO``; when it
    reproduces on the reporter's versions only, the bisect for the fix (``--find-fix``) on the
-   reporter's torch; a minimization within ``--minimize-budget``. A reproduced report that shows a
+   reporter's torch; a minimization within ``--budget`` minutes. A reproduced report that shows a
    bug the workspace knows (``known_as`` in ``repro/matrix.toml``) is run again with the series'
    fix (``nox -s patches -- --script``): bad before, good after. A report with a traceback and no
    script gets its frames, the workspace's repro of a bug it matches run in the reporter's
@@ -45,7 +45,6 @@ order a triage needs them (``triage``).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -62,34 +61,43 @@ DEFAULT_TIMEOUT = 300.0
 HANG_TIMEOUT = 120.0  # seconds: a run of a report that says it hangs is bad when it outlives this
 
 
-def parse_args(argv) -> argparse.Namespace:
+def parser() -> contract.Parser:
+    """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s triage --", description=__doc__.split("\n\n")[0])
     p.add_argument("issue", help="a GitHub issue URL, or a saved issue (its API JSON, or Markdown)")
-    p.add_argument("--signature", help="regex for 'bad' (default: derived from the reported exception)")
-    contract.add_check_replicas(p)
-    p.add_argument("--trials", default="3",
-                   help=f"runs per cell (default 3), or auto: {AUTO_TRIALS} per cell, and the bisect's "
-                        "--trials auto (from the rate at its bad end)")
-    p.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT,
-                   help=f"wall-clock limit of a run (default {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s for a "
-                        "report that says it hangs, whose runs are bad when they outlive it)")
-    p.add_argument("--repo", default=os.environ.get("LIGHTNING_REPO"),
-                   help="a Lightning checkout for the master cell and the commit bisect (default "
-                        "$LIGHTNING_REPO; without one, releases only)")
-    p.add_argument("--minimize-budget", type=float, default=5.0, metavar="MIN",
-                   help="minutes of minimization (0 skips it; default 5)")
-    p.add_argument("--no-bisect", action="store_true", help="run the cells only")
-    p.add_argument("--jobs", default="auto", metavar="K",
-                   help="the bisect's candidates tested at once per round (nox -s bisect --jobs)")
-    p.add_argument("--trust", action="store_true", help="run a script the static check refuses")
-    p.add_argument("--allow-network", action="store_true",
-                   help="the sandbox with the machine's network (a script that downloads its data)")
-    p.add_argument("--allow-unsandboxed", action="store_true",
-                   help="run the pasted code without any sandbox, as you (where the machine cannot "
-                        "make one; read the script first)")
-    p.add_argument("--out", help="results folder (default results/triage/<issue id>)")
-    p.add_argument("--state", help="the bisect's verdict cache (default nox -s bisect's, shared: a "
-                                   "re-run, or a bisect of the same script, runs no step twice)")
+    judge = p.add_argument_group("what counts as bad (default: read from the report)")
+    judge.add_argument("--signature", help="regex for 'bad' (default: derived from the reported exception)")
+    contract.add_check_replicas(judge)
+    where = p.add_argument_group("where it runs")
+    contract.add_repo(where, "the master cell and the commit bisect")
+    where.add_argument("--trust", action="store_true", help="run a script the static check refuses")
+    where.add_argument("--allow-network", action="store_true",
+                       help="the sandbox with the machine's network (a script that downloads its data)")
+    where.add_argument("--allow-unsandboxed", action="store_true",
+                       help="run the pasted code without any sandbox, as you (where the machine cannot "
+                            "make one; read the script first)")
+    budget = p.add_argument_group("how long, and how sure")
+    budget.add_argument("--trials", default="3",
+                        help=f"runs per cell (default 3), or auto: {AUTO_TRIALS} per cell, and the "
+                             "bisect's --trials auto (from the rate at its bad end)")
+    budget.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT,
+                        help=f"wall-clock limit of a run (default {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s "
+                             "for a report that says it hangs, whose runs are bad when they outlive it)")
+    budget.add_argument("--budget", type=float, default=5.0, metavar="MINUTES",
+                        help="minutes of minimization (0 skips it)")
+    contract.add_old_name(budget, "--minimize-budget", "--budget", type=float)
+    budget.add_argument("--no-bisect", action="store_true", help="run the cells only")
+    budget.add_argument("--jobs", default="auto", metavar="K",
+                        help="the bisect's candidates tested at once per round (nox -s bisect --jobs)")
+    output = p.add_argument_group("results")
+    output.add_argument("--out", help="results folder (default results/triage/<issue id>)")
+    output.add_argument("--state", help="the bisect's verdict cache (default nox -s bisect's, shared: a "
+                                        "re-run, or a bisect of the same script, runs no step twice)")
+    return p
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     args.auto = args.trials == "auto"
     args.hang = False  # set when the report says it hangs
@@ -99,8 +107,8 @@ def parse_args(argv) -> argparse.Namespace:
         raise BadInput("--trials takes a number >= 1, or auto")
     if args.jobs != "auto" and not (args.jobs.isdigit() and int(args.jobs) >= 1):
         raise BadInput("--jobs takes a number >= 1, or auto")
-    if args.minimize_budget < 0:
-        raise BadInput("--minimize-budget takes minutes >= 0")
+    if args.budget < 0:
+        raise BadInput("--budget takes minutes >= 0")
     contract.check_signature(args.signature)
     return args
 

@@ -33,9 +33,10 @@ def fingerprinted(frames: list, package: str, repo: str | None, t: dict | None =
     if not versions:
         return None
     if repo:
-        from tools import gitrange
+        from tools import bisect_cli, gitrange
 
-        checkout = gitrange.repo_at(repo)
+        checkout = (gitrange.repo_at(repo) if Path(repo).exists() else  # a URL: the bisect's clone
+                    gitrange.open_repo(repo, bisect_cli.CACHE / "repos", log=lambda m: progress("read", m)))
         tags = {t.name for t in checkout.tags}
         versions = [v for v in versions if str(v) in tags]
         sources = lambda v: fingerprint.GitSources(checkout, str(v))  # noqa: E731
@@ -64,7 +65,7 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
     ``torch_axis`` (a Lightning release, an older and a newer torch) torch's releases, that
     Lightning release fixed."""
     cmd = [sys.executable, "-m", "tools.bisect_cli", "--tier", "both" if args.repo else "releases",
-           "--package", package, "--repro", str(script), "--torch", torch, "--oldest", oldest,
+           "--package", package, "--script", str(script), "--torch", torch, "--oldest", oldest,
            "--out", str(out / "bisect"), "--timeout", str(args.timeout), *runs.sandbox_flag(args)]
     if torch_axis:
         lightning, older, newer = torch_axis
@@ -101,7 +102,7 @@ def bisect(script: Path, args, out: Path, oldest: str, package: str, torch: str 
 
 
 def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
-    if not args.minimize_budget:
+    if not args.budget:
         return None
     if getattr(args, "hang", False):  # every candidate would run to its limit
         return {"exit": None, "lines": None, "why": "a hang is not minimized"}
@@ -109,14 +110,14 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
         return {"exit": None, "lines": None, "why": "a behaviour without an exception is not minimized"}
     target = out / "minimize"
     cmd = [sys.executable, "-m", "tools.minimize", str(script), "--python", str(python), "--budget",
-           str(args.minimize_budget), "--out", str(target)]
+           str(args.budget), "--out", str(target)]
     cmd += runs.sandbox_flag(args)
     if args.signature:
         cmd += ["--signature", args.signature]
     if args.check_replicas:
         cmd.append(f"--check-replicas={args.check_replicas}")
     cmd += runs.nodes_args(args)
-    progress("minimize", f"{args.minimize_budget:g} min")
+    progress("minimize", f"{args.budget:g} min")
     proc = subprocess.run(cmd, cwd=ROOT)
     result = target / "minimized.py"
     if proc.returncode == 0 and result.is_file():
