@@ -50,10 +50,8 @@ def test_every_program_has_its_help_snapshotted():
                       "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes", "tools.triage"}
 
 
-@pytest.mark.parametrize("session, says", [("bisect", "usage: nox -s bisect --"),
-                                           ("triage", "usage: nox -s triage --"),
-                                           ("repro", "usage: nox -s repro --")])
-def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session, says):
+@pytest.mark.parametrize("session", ["bisect", "triage", "repro", "minimize", "patches", "fingerprint", "pr"])
+def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session):
     """`nox -s X -- --help` prints the program's help, and the session's environment (made in a
     folder of the test's own) holds nothing but what a new environment has: no torch, no git."""
     env = {**os.environ, "COLUMNS": "100"}
@@ -61,7 +59,7 @@ def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session, s
                            str(tmp_path), "-s", session, "--", "--help"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert says in proc.stdout, proc.stdout[-2000:]
+    assert f"usage: nox -s {session} --" in proc.stdout, proc.stdout[-2000:]
     installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
     assert not installed & {"torch", "git", "gitpython", "pytorch_lightning", "packaging"}, installed
 
@@ -76,3 +74,13 @@ def test_repro_cell_skips_the_other_cells_before_installing_them(tmp_path):
     assert "skipped: not --cell pl2_6_6_torch2_13_0" in proc.stderr, proc.stderr[-2000:]
     installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
     assert not installed & {"torch", "pytorch_lightning"}, installed
+
+
+@pytest.mark.parametrize("module", ["bisect_cli", "minimize.options", "triage", "validate_patches",
+                                    "fingerprint", "cells"])
+def test_every_option_has_a_help_text(module):
+    import importlib
+
+    parser = importlib.import_module(f"tools.{module}").parser()
+    bare = [a.option_strings or a.dest for a in parser._actions if not a.help]
+    assert not bare, f"options without a help text: {bare}"

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_cli, cells, contract, fingerprint, minimize, triage, validate_patches
+from tools import bisect_cli, cells, contract, fingerprint, triage, validate_patches
+from tools.minimize import options as minimize_options
 
 ROOT = Path(__file__).resolve().parent.parent
-PARSERS = {"bisect": bisect_cli.parser, "minimize": minimize.parser, "triage": triage.parser,
+PARSERS = {"bisect": bisect_cli.parser, "minimize": minimize_options.parser, "triage": triage.parser,
            "patches": validate_patches.parser, "fingerprint": fingerprint.parser, "repro": cells.parser}
 PLACEHOLDER = re.compile(r"<|\.\.\.|\[|\b(SCRIPT|REGEX|ISSUE|NAME|ID|K|N)\b|\$\(|--help")
 

@@ -1,4 +1,4 @@
-"""nox -s minimize: the reducer driven by the harness verdict (tools/minimize.py).
+"""nox -s minimize: the reducer driven by the harness verdict (tools/minimize/).
 
 Most tests shrink small pure-Python projects whose "library" (``engine.py``) raises the #20706
 message the way torch does (a dead weak reference to the wrapper), run with ``--fresh-process``
@@ -22,6 +22,11 @@ import pytest
 
 from tools import contract
 from tools import minimize as m
+from tools.bisect import State
+from tools.minimize import options as m_options
+from tools.minimize import oracle as m_oracle
+from tools.minimize import search as m_search
+from tools.minimize import source as m_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGNATURE = "'NoneType' object has no attribute 'reducer'"
@@ -207,16 +212,16 @@ CHECKED = textwrap.dedent("""
 def test_what_a_marked_statement_calls_is_kept_whole():
     # a reduction once emptied the function a marked line called (``stuck`` -> ``return [name
     # for name in before]``): the marked raise then fired without the bug
-    kept = {"a.py": m.kept_statements(CHECKED)}
+    kept = {"a.py": m_source.kept_statements(CHECKED)}
     assert len(kept["a.py"]) == 5  # the three marked, ``stuck`` and, through it, ``grads``
     hollow = CHECKED.replace("[name for name, p in zip(before, grads(model)) if p == before[name]]",
                              "[name for name in before]")
     inner = CHECKED.replace("[p for p in model if p]", "model")
     for candidate in (hollow, inner):
         assert candidate != CHECKED
-        assert m.missing_kept({"a.py": candidate}, kept).startswith("a statement marked")
+        assert m_source.missing_kept({"a.py": candidate}, kept).startswith("a statement marked")
     free = CHECKED.replace("def unrelated():\n    return 1\n", "")
-    assert m.missing_kept({"a.py": free}, kept) is None
+    assert m_source.missing_kept({"a.py": free}, kept) is None
 
 
 def test_a_rerun_of_a_finished_reduction_only_confirms(reduced, tmp_path):
@@ -255,9 +260,9 @@ def test_never_trades_the_bug_for_another_error(tmp_path):
     assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
     # the candidate itself, judged: refused (whether the reduction's path tried it depends on
     # what went before it)
-    cfg = m.parse_args(quick(script, tmp_path / "judge"))
-    original = m.project_files(script)
-    oracle = m.Oracle(cfg, original, m.State(tmp_path / "judge" / "state.json"), log=lambda msg: None)
+    cfg = m_options.parse_args(quick(script, tmp_path / "judge"))
+    original = m_source.project_files(script)
+    oracle = m_oracle.Oracle(cfg, original, State(tmp_path / "judge" / "state.json"), log=lambda msg: None)
     oracle.check_original()
     other = {**original, "train.py": original["train.py"].replace("    del wrapper\n", "")}
     assert OTHER in shows_source(other, tmp_path / "other")
@@ -270,9 +275,9 @@ def test_the_same_message_raised_elsewhere_is_not_the_bug(tmp_path):
     # prints the signature: the crash site (AttributeError in engine.py, backward) refuses it.
     engine = ENGINE + "\n\ndef probe():\n    return None.reducer\n"
     script = project(tmp_path, engine=engine)
-    cfg = m.parse_args(quick(script, tmp_path / "out"))
-    original = m.project_files(script)
-    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    cfg = m_options.parse_args(quick(script, tmp_path / "out"))
+    original = m_source.project_files(script)
+    oracle = m_oracle.Oracle(cfg, original, State(tmp_path / "out" / "state.json"), log=lambda msg: None)
     oracle.check_original()
     assert oracle.site == ("AttributeError", "engine.py", "backward")
     elsewhere = {**original, "train.py": "import engine\nengine.probe()\n"}
@@ -299,9 +304,9 @@ def test_a_candidate_that_shows_the_bug_much_slower_is_refused(tmp_path):
     out.backward()
     """
     script = project(tmp_path, train=train)
-    cfg = m.parse_args(quick(script, tmp_path / "out"))
-    original = m.project_files(script)
-    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    cfg = m_options.parse_args(quick(script, tmp_path / "out"))
+    original = m_source.project_files(script)
+    oracle = m_oracle.Oracle(cfg, original, State(tmp_path / "out" / "state.json"), log=lambda msg: None)
     oracle.check_original()
     assert oracle.slow < 15  # (the original may take up to 10 s on a busy machine)
     fast = {**original, "train.py": original["train.py"].replace("steps = 300\n", "")}
@@ -327,26 +332,26 @@ def test_budget_end_leaves_the_best_so_far_and_the_next_run_resumes(tmp_path):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert "the budget was spent" in (out / "report.md").read_text()
         assert SIGNATURE in shows(out / "minimized" / "train.py", out / "minimized")
-        sizes.append(m.size({"t": (out / "best" / "train.py").read_text()}))
+        sizes.append(m_source.size({"t": (out / "best" / "train.py").read_text()}))
         known.append(len(json.loads((out / "state.json").read_text())))
     assert "run 1/1" not in proc.stdout  # the original's verdict came from the state
-    assert sizes[2] <= sizes[1] <= sizes[0] <= m.size({"t": script.read_text()})  # never back up
+    assert sizes[2] <= sizes[1] <= sizes[0] <= m_source.size({"t": script.read_text()})  # never back up
     assert known[0] < known[1] < known[2]  # each run judged candidates the earlier ones had not
 
 
 def test_a_passed_deadline_ends_the_reduction_before_the_next_launch(tmp_path):
     script = project(tmp_path)
-    cfg = m.parse_args(quick(script, tmp_path / "out"))
-    original = m.project_files(script)
-    oracle = m.Oracle(cfg, original, m.State(tmp_path / "out" / "state.json"), log=lambda msg: None)
+    cfg = m_options.parse_args(quick(script, tmp_path / "out"))
+    original = m_source.project_files(script)
+    oracle = m_oracle.Oracle(cfg, original, State(tmp_path / "out" / "state.json"), log=lambda msg: None)
     oracle.check_original()
     launched = oracle.stats.tests
     smaller = {**original, "train.py": original["train.py"].replace("import json\n", "")}
     oracle.deadline = time.monotonic() - 1
-    with pytest.raises(m.BudgetSpent):
+    with pytest.raises(m_options.BudgetSpent):
         oracle(smaller)
     assert oracle.stats.tests == launched
-    assert m.reduce(oracle, original) == "the budget was spent"
+    assert m_search.reduce(oracle, original) == "the budget was spent"
 
 
 def test_the_whole_program_passes_run_again_after_the_reducer_improved(tmp_path, monkeypatch, capsys):
@@ -357,7 +362,7 @@ def test_the_whole_program_passes_run_again_after_the_reducer_improved(tmp_path,
         "def main():", "def report(metrics):\n    print(json.dumps(metrics.summary()))\n\n\ndef main():\n"
         "    report(Metrics())").replace("print(json.dumps({\"stage\": name, **metrics.summary()}))",
                                        "report(metrics)"))
-    monkeypatch.setattr(m, "RESTART_AFTER", 3)
+    monkeypatch.setattr(m_search, "RESTART_AFTER", 3)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     out = tmp_path / "out"
     assert m.main(quick(script, out)) == 0
@@ -434,7 +439,7 @@ def test_an_interrupt_as_the_best_is_saved_lands_after_both_of_its_writes(tmp_pa
     before = signal.signal(sig, handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            m.save_best(tmp_path, {"train.py": "print(1)\n", "engine.py": None})
+            m_oracle.save_best(tmp_path, {"train.py": "print(1)\n", "engine.py": None})
     finally:
         signal.signal(sig, before)
     assert json.loads((tmp_path / "best.json").read_text())["train.py"] == "print(1)\n"
@@ -456,12 +461,12 @@ def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_pat
     with open(logs[0], "w") as out_log, open(logs[1], "w") as err_log:
         proc = subprocess.Popen([sys.executable, "-m", "tools.minimize", *quick(script, out)], cwd=ROOT,
                                 env=env, stdout=out_log, stderr=err_log, text=True)
-    original = m.size({"t": script.read_text()})
+    original = m_source.size({"t": script.read_text()})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the first improvement is saved
         time.sleep(0.2)
         saved = json.loads((out / "best.json").read_text()) if (out / "best.json").exists() else None
-        if saved and m.size({"t": saved["train.py"]}) < original:
+        if saved and m_source.size({"t": saved["train.py"]}) < original:
             break
     proc.send_signal(sig)
     proc.wait(timeout=60)
@@ -470,7 +475,7 @@ def test_an_interrupt_keeps_the_best_so_far_and_the_same_command_resumes(tmp_pat
     assert "the same command resumes from it" in stdout
     assert not any((out / "work").iterdir())  # no candidate folder left behind
     best = out / "best" / "train.py"
-    assert m.size({"t": best.read_text()}) < original
+    assert m_source.size({"t": best.read_text()}) < original
     assert SIGNATURE in shows(best, out / "best")
     again = run(quick(script, out, "--budget", "0.01"))
     assert f"[minimize] resuming from {out / 'best'}" in again.stdout
@@ -488,7 +493,7 @@ def test_a_fresh_confirmation_gets_the_originals_limit_not_the_forks(tmp_path, m
     assert "minimize: keep" in train
     script = project(tmp_path, train=train)
     # 2 s, however long the original's forks took on this machine (a busy one included)
-    monkeypatch.setattr(m, "CANDIDATE_TIMEOUT", (0, 2.0))
+    monkeypatch.setattr(m_oracle, "CANDIDATE_TIMEOUT", (0, 2.0))  # where the oracle reads it
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     out = tmp_path / "out"
     code = m.main([str(script), "--signature", SIGNATURE, "--python", sys.executable, "--out", str(out),
@@ -582,25 +587,26 @@ TRACEBACK = """\
 
 
 def test_crash_site_reads_rank_prefixed_tracebacks():
-    assert m.crash_site(TRACEBACK, SIGNATURE, ("/home/alice/proj",)) == (
+    assert m_source.crash_site(TRACEBACK, SIGNATURE, ("/home/alice/proj",)) == (
         "AttributeError", "torch/nn/parallel/distributed.py", "backward")
     own = TRACEBACK.replace("/env/lib/python3.11/site-packages/torch/nn/parallel/distributed.py",
                             "/home/alice/proj/train.py")
-    assert m.crash_site(own, SIGNATURE, ("/home/alice/proj",)) == ("AttributeError", "train.py", "backward")
-    assert m.crash_site("printed: 'NoneType' object has no attribute 'reducer'\n", SIGNATURE, ()) is None
+    crash_site = m_source.crash_site
+    assert crash_site(own, SIGNATURE, ("/home/alice/proj",)) == ("AttributeError", "train.py", "backward")
+    assert crash_site("printed: 'NoneType' object has no attribute 'reducer'\n", SIGNATURE, ()) is None
 
 
 def test_static_checks_reject_without_a_launch():
     original = "import os\nx = os.getcwd()\nprint(x, undefined_in_original)\n"
-    known = {"a.py": (m.unbound_names(original), m.constants(original), set())}
-    assert m.unbound_names(original) == {"undefined_in_original"}
-    assert m.static_rejection({"a.py": original}, "a.py", {}, known) is None
-    assert "bound nowhere: os" in m.static_rejection({"a.py": "x = os.getcwd()\n"}, "a.py", {}, known)
-    assert "changed value" in m.static_rejection({"a.py": original.replace("x = ", "x = 'ab' or ")},
+    known = {"a.py": (m_source.unbound_names(original), m_source.constants(original), set())}
+    assert m_source.unbound_names(original) == {"undefined_in_original"}
+    assert m_source.static_rejection({"a.py": original}, "a.py", {}, known) is None
+    assert "bound nowhere: os" in m_source.static_rejection({"a.py": "x = os.getcwd()\n"}, "a.py", {}, known)
+    assert "changed value" in m_source.static_rejection({"a.py": original.replace("x = ", "x = 'ab' or ")},
                                                  "a.py", {}, known)
-    assert m.static_rejection({"a.py": None}, "a.py", {}, known) == "the script itself is gone"
-    kept = {"a.py": m.kept_statements("import os  # minimize: keep\nx = 1\n")}
-    assert m.static_rejection({"a.py": "x = 1\n"}, "a.py", kept,
+    assert m_source.static_rejection({"a.py": None}, "a.py", {}, known) == "the script itself is gone"
+    kept = {"a.py": m_source.kept_statements("import os  # minimize: keep\nx = 1\n")}
+    assert m_source.static_rejection({"a.py": "x = 1\n"}, "a.py", kept,
                               {"a.py": (set(), {(int, 1)}, set())}).startswith("a statement marked")
 
 
@@ -626,7 +632,8 @@ def test_a_real_bloated_ddp_program_shrinks_and_the_remedy_is_refused(tmp_path):
     assert "`AttributeError` in `torch/nn/parallel/distributed.py`" in report
     assert "signature in 1 of 1 fresh runs" in report
     # tokens, not lines: ruff's formatting of what is left may take more lines than the original
-    assert m.size({"t": (out / "minimized.py").read_text()})[1] < m.size({"t": script.read_text()})[1]
+    size = m_source.size
+    assert size({"t": (out / "minimized.py").read_text()})[1] < size({"t": script.read_text()})[1]
     control = run([*args, "--out", str(tmp_path / "control"), "--", "anchor.detach=true"])
     assert control.returncode == 2, control.stdout[-2000:] + control.stderr[-2000:]
     assert "two_stage_anchor.py is not bad" in control.stderr
@@ -642,13 +649,13 @@ def test_calls_that_cannot_bind_are_found_and_only_new_ones_count():
         K(1)
         f(*[1, 2], d=3)
     ''')
-    assert m.call_mismatches(source) == set()
+    assert m_source.call_mismatches(source) == set()
     for bad in ("f(1, d=3)", "f(1, 2, 3, 4, d=1)", "f(1, 2)", "f(1, 2, d=1, z=2)", "K()", "K(1, 2, 3)"):
-        assert m.call_mismatches(source + bad + "\n") == {bad[0]}, bad
-    assert m.call_mismatches(source + "f = print\nf()\n") == set()  # rebound: not that def
-    known = {"a.py": (set(), m.constants(source), {"K"})}
-    assert m.static_rejection({"a.py": source + "K()\n"}, "a.py", {}, known) is None
-    why = m.static_rejection({"a.py": source + "f()\n"}, "a.py", {}, known)
+        assert m_source.call_mismatches(source + bad + "\n") == {bad[0]}, bad
+    assert m_source.call_mismatches(source + "f = print\nf()\n") == set()  # rebound: not that def
+    known = {"a.py": (set(), m_source.constants(source), {"K"})}
+    assert m_source.static_rejection({"a.py": source + "K()\n"}, "a.py", {}, known) is None
+    why = m_source.static_rejection({"a.py": source + "f()\n"}, "a.py", {}, known)
     assert "a call with arguments its function cannot take (f())" in why
 
 
@@ -667,11 +674,11 @@ def test_the_coarse_pass_admits_only_whole_statement_removals():
     ''')}
     removed = {"a.py": current["a.py"].replace("class K:\n    def m(self):\n        return f(1)\n", "")}
     emptied = {"a.py": current["a.py"].replace("        print(z)\n", "        pass\n")}
-    assert m.only_removes_statements(removed, current)
-    assert m.only_removes_statements(emptied, current)
+    assert m_source.only_removes_statements(removed, current)
+    assert m_source.only_removes_statements(emptied, current)
     changes = {"z = x + y": "z = x", "def f(x, y=1):": "def f(x):", "f(2)": "f(3)", "return z": "return 0"}
     for old, new in changes.items():
-        assert not m.only_removes_statements({"a.py": current["a.py"].replace(old, new)}, current), new
+        assert not m_source.only_removes_statements({"a.py": current["a.py"].replace(old, new)}, current), new
 
 
 @pytest.mark.parametrize("full_at", ["original.json", "best.json"])
@@ -719,11 +726,11 @@ def test_a_traceback_quoting_a_line_with_the_signature_is_not_the_signature():
     quoted = (f'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n'
               f'    sys.stdout.write({SIGNATURE.encode()!r})\n'
               "TypeError: write() argument must be str, not bytes\n")
-    assert SIGNATURE not in m.outside_source_lines(quoted)
+    assert SIGNATURE not in m_source.outside_source_lines(quoted)
     raised = (f'Traceback (most recent call last):\n  File "engine.py", line 9, in backward\n'
               f"    reducer = self.wrapper().reducer\nAttributeError: {SIGNATURE}\n")
-    assert f"AttributeError: {SIGNATURE}" in m.outside_source_lines(raised)
-    assert m.crash_site(quoted, re.escape(SIGNATURE), ()) is None  # not raised anywhere
+    assert f"AttributeError: {SIGNATURE}" in m_source.outside_source_lines(raised)
+    assert m_source.crash_site(quoted, re.escape(SIGNATURE), ()) is None  # not raised anywhere
 
 
 def test_the_cheap_passes_run_once_more_whatever_the_budget_and_the_counts_agree(tmp_path):

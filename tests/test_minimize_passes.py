@@ -1,4 +1,4 @@
-"""The whole-program passes of nox -s minimize (tools/minimize_passes.py): value folding from a
+"""The whole-program passes of nox -s minimize (tools/minimize/passes/): value folding from a
 recorded run, and dead definitions."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import minimize as m
-from tools.minimize_passes import drop_unused, fold, instrument, read_records
+from tools.minimize import source as m_source
+from tools.minimize.passes.statements import drop_unused
+from tools.minimize.passes.values import fold, instrument, read_records
 
 PROGRAM = textwrap.dedent('''
     """A hydra-style config read through a chain of functions."""
@@ -51,7 +52,7 @@ def test_recorded_values_fold_into_literals_and_the_program_still_runs(tmp_path)
     after = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     assert after.stdout == before.stdout  # recording does not change what the program does
     records = read_records(sink)
-    folded, count = fold(PROGRAM, records, m.constants(PROGRAM))
+    folded, count = fold(PROGRAM, records, m_source.constants(PROGRAM))
     # the scalar reads and the short list fold; the stage weights (two values) and the
     # argument that changes between calls do not; nor the dict-valued reads
     assert "return [6, ['a', 'b'], -0.5, 'run'] + [s['w'] for s in cfg['stages']] + [seen[0]]" in folded
@@ -69,8 +70,8 @@ def test_values_the_original_does_not_have_are_not_folded(tmp_path):
     subprocess.run([sys.executable, str(tmp_path / "p.py")], check=True, capture_output=True)
     records = read_records(sink)
     assert list(records) == [0]  # the one site gave one plain value (0..6)
-    assert fold(source, records, m.constants(source))[1] == 0  # not a value the program has
-    assert fold(source, records, m.constants(source) | {(int, int(records[0]))})[1] == 1
+    assert fold(source, records, m_source.constants(source))[1] == 0  # not a value the program has
+    assert fold(source, records, m_source.constants(source) | {(int, int(records[0]))})[1] == 1
 
 
 def test_attributes_read_as_values_are_recorded_and_fold_like_config_reads(tmp_path):
@@ -96,12 +97,13 @@ def test_attributes_read_as_values_are_recorded_and_fold_like_config_reads(tmp_p
     after = subprocess.run([sys.executable, str(tmp_path / "p.py")], capture_output=True, text=True,
                            check=True)
     assert after.stdout == before.stdout
-    folded, n = fold(source, read_records(sink), m.constants(source) | {(int, 32)})
+    folded, n = fold(source, read_records(sink), m_source.constants(source) | {(int, 32)})
     # each site that gave one value is folded (each enc.step is read once); one that changed
     # (self.step in grow), a method called (enc.grow) and a module's name (os.sep) are not
     assert n == 3 and "print(32 + 1, enc.grow(), 1, os.sep, enc.grow(), 2)" in folded, folded
     assert "return self.step" in folded
-    assert "enc.out_features" in fold(source, read_records(sink), m.constants(source))[0]  # 32 is not in it
+    consts = m_source.constants(source)
+    assert "enc.out_features" in fold(source, read_records(sink), consts)[0]  # 32 is not in it
 
 
 def test_a_read_that_changes_between_processes_is_not_folded(tmp_path):
@@ -113,7 +115,7 @@ def test_a_read_that_changes_between_processes_is_not_folded(tmp_path):
 def test_only_one_statement_may_be_folded(tmp_path):
     source = "c = {'a': 1}\ndef f():\n    return c['a']\ndef g():\n    return c['a']\nprint(f(), g())\n"
     records = {0: "1", 1: "1"}
-    allowed = m.constants(source)
+    allowed = m_source.constants(source)
     out, n = fold(source, records, allowed, within={1})
     assert n == 1 and "return 1" in out and "return c['a']" in out
 
@@ -138,7 +140,7 @@ def test_dead_definitions_go_until_none_is_left_and_kept_ones_stay():
         print(helper(), F)
         '''), "lib.py": "def helper():\n    return 1\n\ndef other():\n    return 2\n\n"
                                                  "def lonely():\n    return 3\n"}
-    kept = {"main.py": m.kept_statements(files["main.py"])}
+    kept = {"main.py": m_source.kept_statements(files["main.py"])}
     out = drop_unused(files, kept)
     main = out["main.py"]
     assert "def a" not in main and "def b" not in main and "X = 1" not in main and "Y =" not in main
@@ -159,7 +161,7 @@ def test_a_future_import_and_the_docstring_stay_first_when_instrumented(tmp_path
 
 
 def test_unused_parameters_go_with_the_arguments_of_every_call():
-    from tools.minimize_passes import drop_unused_params, functions_with_unused_params
+    from tools.minimize.passes.calls import drop_unused_params, functions_with_unused_params
 
     source = textwrap.dedent('''
         def build(config, seed, out_dir="x", *, flag=True):
@@ -185,7 +187,7 @@ def test_unused_parameters_go_with_the_arguments_of_every_call():
 
 
 def test_parameters_of_decorated_imported_or_shadowed_functions_stay():
-    from tools.minimize_passes import drop_unused_params
+    from tools.minimize.passes.calls import drop_unused_params
 
     files = {"a.py": textwrap.dedent('''
         import functools
@@ -274,7 +276,7 @@ INLINE = textwrap.dedent('''
 
 
 def test_functions_and_methods_with_one_caller_are_inlined_and_the_program_does_the_same():
-    from tools.minimize_passes import inlinable, inline_all
+    from tools.minimize.passes.calls import inlinable, inline_all
 
     files = {"a.py": INLINE}
     assert inlinable(files) == ["Model._make", "Model.collect", "Model.set_stage", "build_callbacks",
@@ -307,14 +309,14 @@ def test_functions_and_methods_with_one_caller_are_inlined_and_the_program_does_
     "def f(n):\n    return n\nprint(list(map(f, [1])))\n",
 ])
 def test_inlining_is_refused_where_a_name_would_change_meaning_or_the_call_count(source):
-    from tools.minimize_passes import inline
+    from tools.minimize.passes.calls import inline
 
     compile(source, "a.py", "exec")
     assert inline({"a.py": source}, "A.m" if "class A" in source else "f") is None
 
 
 def test_variables_read_once_move_into_their_read_and_dead_ones_go():
-    from tools.minimize_passes import inline_variables, single_use_variables
+    from tools.minimize.passes.variables import inline_variables, single_use_variables
 
     source = textwrap.dedent('''
         import json
@@ -365,8 +367,8 @@ def test_variables_read_once_move_into_their_read_and_dead_ones_go():
 
 
 def test_no_op_statements_and_constant_conditions_go_but_kept_statements_stay():
-    from tools.minimize import kept_statements
-    from tools.minimize_passes import drop_noops
+    from tools.minimize.passes.statements import drop_noops
+    from tools.minimize.source import kept_statements
 
     source = textwrap.dedent('''
         """Module docstring."""
@@ -396,7 +398,7 @@ def test_no_op_statements_and_constant_conditions_go_but_kept_statements_stay():
 
 
 def test_a_function_another_module_reads_as_an_attribute_is_not_inlined():
-    from tools.minimize_passes import inline
+    from tools.minimize.passes.calls import inline
 
     files = {"train.py": "def f(n):\n    k = n\n    return k\nprint(f(1))\n",
              "other.py": "import train as t\nprint(t.f(2))\n"}
@@ -438,7 +440,8 @@ SUBMODULE = textwrap.dedent('''
 
 
 def test_a_sub_module_class_built_once_is_flattened_into_its_owner():
-    from tools.minimize_passes import flatten_submodule, flattenable, inline_all
+    from tools.minimize.passes.calls import inline_all
+    from tools.minimize.passes.classes import flatten_submodule, flattenable
 
     files = {"a.py": SUBMODULE}
     assert flattenable(files) == ["Head"]
@@ -457,7 +460,7 @@ def test_a_sub_module_class_built_once_is_flattened_into_its_owner():
     ("        self.out_features = 4\n", "        self.out_features = 4\n        scale = 1\n"),  # a clash
 ])
 def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(change):
-    from tools.minimize_passes import flatten_submodule
+    from tools.minimize.passes.classes import flatten_submodule
 
     source = SUBMODULE.replace(*change)
     assert source != SUBMODULE
@@ -476,17 +479,16 @@ def test_flattening_is_refused_when_the_class_does_more_or_a_name_would_clash(ch
     "import enum\nColor = enum.Enum('Color', 'RED')\nmatch 1:\n    case Color.RED:\n        print(1)\n",
 ])
 def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
-    from tools.minimize_passes import (
+    from tools.minimize.passes.calls import (
         bind_constant_args,
-        drop_noops,
-        flattenable,
-        fold_literals,
         functions_with_constant_args,
         inlinable,
         inline_all,
-        inline_variables,
-        single_use_variables,
     )
+    from tools.minimize.passes.classes import flattenable
+    from tools.minimize.passes.literals import fold_literals
+    from tools.minimize.passes.statements import drop_noops
+    from tools.minimize.passes.variables import inline_variables, single_use_variables
 
     files = {"a.py": source}
     inlinable(files), flattenable(files), single_use_variables(files), functions_with_constant_args(files)
@@ -504,7 +506,7 @@ def test_the_passes_never_fail_or_write_a_program_that_does_not_compile(source):
      False),  # a ``case`` pattern binds it again
 ])
 def test_a_variable_moves_only_where_it_means_the_same(source, moved):
-    from tools.minimize_passes import inline_variables
+    from tools.minimize.passes.variables import inline_variables
 
     out = inline_variables({"a.py": source})["a.py"]
     assert (out != source) == moved, out
@@ -535,12 +537,9 @@ BUILT = textwrap.dedent('''
 
 
 def test_constant_arguments_literals_and_versions_simplify_a_program_that_does_the_same():
-    from tools.minimize_passes import (
-        bind_constant_args,
-        fold_literals,
-        functions_with_constant_args,
-        inline_variables,
-    )
+    from tools.minimize.passes.calls import bind_constant_args, functions_with_constant_args
+    from tools.minimize.passes.literals import fold_literals
+    from tools.minimize.passes.variables import inline_variables
 
     files = {"a.py": BUILT}
     assert functions_with_constant_args(files) == ["Encoder", "forward"]
@@ -576,7 +575,7 @@ def test_constant_arguments_literals_and_versions_simplify_a_program_that_does_t
     "def f(x):\n    match [9]:\n        case [x]:\n            pass\n    return x\nprint(f(1))\n",
 ])
 def test_constant_arguments_are_bound_only_where_the_value_is_the_same_object(source):
-    from tools.minimize_passes import bind_constant_args
+    from tools.minimize.passes.calls import bind_constant_args
 
     assert bind_constant_args({"a.py": source})["a.py"] == source
 
@@ -596,7 +595,7 @@ def test_constant_arguments_are_bound_only_where_the_value_is_the_same_object(so
      "    print(x)\nf([5])\n", False),
 ])
 def test_a_variable_is_split_in_versions_only_in_straight_code(source, split):
-    from tools.minimize_passes import _split_versions
+    from tools.minimize.passes.variables import _split_versions
 
     tree = ast.parse(source)
     assert _split_versions(tree) == split
@@ -640,7 +639,7 @@ FIT = textwrap.dedent('''
 
 
 def test_a_data_module_used_once_becomes_its_loaders_and_the_program_does_the_same():
-    from tools.minimize_passes import datamodules, loaders_for_datamodule
+    from tools.minimize.passes.data import datamodules, loaders_for_datamodule
 
     files = {"a.py": FIT}
     assert datamodules(files) == ["Data"]
@@ -668,7 +667,7 @@ FIT_VAL = FIT.replace(
 
 
 def test_a_data_module_with_a_validation_loader_passes_both_loaders():
-    from tools.minimize_passes import loaders_for_datamodule
+    from tools.minimize.passes.data import loaders_for_datamodule
 
     assert all(part in FIT_VAL for part in ("val_dataloaders=None", "datamodule.val_dataloader()",
                                             "list(val_dataloaders", "def val_dataloader"))
@@ -695,7 +694,7 @@ def test_a_data_module_with_a_validation_loader_passes_both_loaders():
     ("        size = 3 if", "        print(self)\n        size = 3 if"),  # self passed on
 ])
 def test_a_data_module_stays_when_it_is_more_than_its_loaders(change):
-    from tools.minimize_passes import loaders_for_datamodule
+    from tools.minimize.passes.data import loaders_for_datamodule
 
     source = FIT.replace(*change)
     assert source != FIT
@@ -745,7 +744,7 @@ WRAPPED = textwrap.dedent('''
      False),  # a name its value reads means another thing there
 ])
 def test_a_module_that_only_wraps_another_is_replaced_by_it(change, unwrapped):
-    from tools.minimize_passes import unwrap_module, wrappers
+    from tools.minimize.passes.classes import unwrap_module, wrappers
 
     source = WRAPPED.replace(*change) if change else WRAPPED
     assert source != WRAPPED or not change
@@ -758,7 +757,7 @@ def test_a_module_that_only_wraps_another_is_replaced_by_it(change, unwrapped):
 
 
 def test_a_loop_over_one_item_is_not_unrolled_when_an_inner_loop_breaks_out_of_it():
-    from tools.minimize_passes import fold_literals
+    from tools.minimize.passes.literals import fold_literals
 
     source = "for i in range(2):\n    for x in [1]:\n        for y in []:\n            pass\n" \
         "        else:\n            break\n    print('after', i)\n"
@@ -789,7 +788,7 @@ def test_attributes_in_case_patterns_are_not_recorded(tmp_path):
 
 def test_the_one_by_one_lists_are_what_each_name_alone_would_change():
     """Found from one pass over all (cheap), checked alone: the same as trying every name."""
-    from tools.minimize_passes import (
+    from tools.minimize.passes.calls import (
         bind_constant_args,
         drop_unused_params,
         functions_with_constant_args,
@@ -838,6 +837,6 @@ def test_the_one_by_one_lists_are_what_each_name_alone_would_change():
     ("x = y == y\n", "x = y == y"),  # not literals
 ])
 def test_comparisons_of_literals_are_folded(source, expected):
-    from tools.minimize_passes import fold_literals
+    from tools.minimize.passes.literals import fold_literals
 
     assert fold_literals({"t.py": source}, {})["t.py"].strip() == expected

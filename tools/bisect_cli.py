@@ -94,7 +94,7 @@ class Config:
         repro, or another one of the same name (every reduction writes a ``minimized.py``), is
         run again, not answered from the verdicts of the one before. Files it reads otherwise
         (a config named in its arguments, an installed package) are not in the hash."""
-        from tools.minimize import project_files
+        from tools.minimize.source import project_files
 
         try:
             files = project_files(self.repro) if self.run_as == "python" else {}

@@ -104,7 +104,7 @@ def aliases(package: str) -> dict[str, str]:
 
 def free_names(tree: ast.AST) -> list[str]:
     """Names the code reads and binds nowhere (nor as a builtin), in order of first use."""
-    from tools.minimize import unbound_names
+    from tools.minimize.source import unbound_names
 
     free = unbound_names(ast.unparse(tree))
     first: dict[str, tuple[int, int]] = {}

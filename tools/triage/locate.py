@@ -121,7 +121,7 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
     proc = subprocess.run(cmd, cwd=ROOT)
     result = target / "minimized.py"
     if proc.returncode == 0 and result.is_file():
-        from tools.minimize import size
+        from tools.minimize.source import size
 
         lines, before = size({"m": result.read_text()})[0], size({"s": script.read_text()})[0]
         if lines < before:  # only a smaller one goes in the comment

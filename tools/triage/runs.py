@@ -191,7 +191,7 @@ def master_cell(args, package: str, newest: str) -> Cell | None:
 
 
 def _crash_site(text: str, signature: str):
-    from tools.minimize import crash_site
+    from tools.minimize.source import crash_site
 
     return crash_site(text, signature, ())
 

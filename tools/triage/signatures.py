@@ -93,7 +93,7 @@ def derive_signature(cls: str, message: str, quoted: bool = False) -> str:
 def report_site(traceback: str, signature: str) -> tuple[str, ...] | None:
     """Where the report raised the signature: within one rank's lines (interleaved ranks would
     give one rank's exception another's frame)."""
-    from tools.minimize import crash_site
+    from tools.minimize.source import crash_site
 
     for rank, stream in fingerprint.streams(traceback).items():
         # "[rank5]: File" keeps the space after the prefix: one less gives the original indent

@@ -1,0 +1,5 @@
+import sys
+
+from tools.minimize import main
+
+sys.exit(main())
