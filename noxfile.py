@@ -174,5 +174,6 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
+    """ruff over the workspace (the rules of pyproject.toml)."""
     install(session, *nox.project.dependency_groups(PYPROJECT, "lint"))
     session.run("ruff", "check", ".")

@@ -61,7 +61,7 @@ def test_unreadable_or_empty_input_is_exit_2(tmp_path, capsys):
 @pytest.mark.timeout(600)
 def test_recorded_traceback_names_its_releases_from_real_wheels(capsys):
     # recorded by the stress test in the pytorch-lightning 2.5.0.post0 x torch 2.6.0 cell
-    code = fingerprint.main([str(RECORDED), "--since", "2.4.0", "--torch-since", "2.5.0"])
+    code = fingerprint.main([str(RECORDED), "--oldest", "2.4.0", "--torch-oldest", "2.5.0"])
     out = capsys.readouterr().out
     assert code == 0
     assert "pytorch-lightning: 2.5.0, 2.5.0.post0\n" in out
@@ -342,9 +342,9 @@ def test_a_file_that_is_mostly_text_is_read_with_replacements(tmp_path, capsys, 
 def test_bad_options_are_one_line_errors_before_any_network(tmp_path, capsys, offline):
     path = tmp_path / "t.txt"
     path.write_text(SAMPLE)
-    assert fingerprint.main([str(path), "--since", "notaversion"]) == 2
-    assert "--since 'notaversion' is not a version" in one_line_error(capsys)
-    assert fingerprint.main([str(path), "--torch-since", "x.y"]) == 2
+    assert fingerprint.main([str(path), "--oldest", "notaversion"]) == 2
+    assert "--oldest 'notaversion' is not a version" in one_line_error(capsys)
+    assert fingerprint.main([str(path), "--torch-oldest", "x.y"]) == 2
     one_line_error(capsys)
     assert fingerprint.main([str(path), "--package", "nosuch"]) == 2
     assert "--package 'nosuch' is not one of" in one_line_error(capsys)

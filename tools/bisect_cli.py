@@ -170,7 +170,7 @@ def parser() -> contract.Parser:
     output = p.add_argument_group("results")
     output.add_argument("--state", default=str(ROOT / "results" / "bisect" / "state.json"),
                         help="the verdict cache: a verdict already in it is not run again")
-    output.add_argument("--out", default=None, help="report folder (default results/bisect/<time>)")
+    output.add_argument("--out", default=None, help="report folder (default: results/bisect/<time>)")
     return p
 
 

@@ -19,7 +19,7 @@ _START = time.monotonic()
 def parser() -> argparse.ArgumentParser:
     """``nox -s repro``'s own options; what it does not know goes to the repros."""
     p = argparse.ArgumentParser(
-        prog="nox -s repro --", add_help=False,
+        prog="nox -s repro --", add_help=False, formatter_class=contract.DefaultsShown,
         description="Run every repro of repro/matrix.toml in each Lightning x torch cell (a cell: one "
                     "Lightning release on one torch release, its own environment; pick cells with "
                     "nox's -k, e.g. nox -s repro -k 2.6.6). Options it does not know go to the "
@@ -42,7 +42,7 @@ def parser() -> argparse.ArgumentParser:
                               "on this machine, as a cluster launches a job); repros that run on one "
                               "node only are recorded as not run")
     running.add_argument("--ranks-per-node", type=int, default=None,
-                         help="ranks of each node with --nodes (default 1)")
+                         help="ranks of each node with --nodes (default: 1)")
     from tools import slurm_jobs
 
     slurm_jobs.add_options(p.add_argument_group("SLURM (--executor slurm)"))

@@ -461,11 +461,13 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nox -s fingerprint --", description=__doc__.split("\n\n")[0],
                                 formatter_class=contract.DefaultsShown)
     p.add_argument("traceback", help="a file with the pasted traceback")
-    contract.add_repo(p, "its release tags, read instead of the wheels", "the wheels", url=False)
+    contract.add_repo(p, "its release tags, read instead of the wheels", "the wheels")
     p.add_argument("--package", help=f"the Lightning package: {', '.join(PACKAGES)} (default: "
                    "lightning when the paths show lightning/pytorch, else pytorch-lightning)")
-    p.add_argument("--since", default="2.0.0", help="oldest release to consider")
-    p.add_argument("--torch-since", default="2.0.0", help="oldest torch release to consider")
+    p.add_argument("--oldest", default="2.0.0", help="oldest Lightning release to consider")
+    contract.add_old_name(p, "--since", "--oldest")
+    p.add_argument("--torch-oldest", default="2.0.0", help="oldest torch release to consider")
+    contract.add_old_name(p, "--torch-since", "--torch-oldest")
     return p
 
 
@@ -474,8 +476,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     # every input is checked before the index or a wheel is asked for anything
     try:
-        since = check_version("--since", args.since)
-        torch_since = check_version("--torch-since", args.torch_since)
+        since = check_version("--oldest", args.oldest)
+        torch_since = check_version("--torch-oldest", args.torch_oldest)
         if args.package is not None and args.package not in PACKAGES:
             raise ValueError(f"--package {args.package!r} is not one of {', '.join(PACKAGES)}")
     except ValueError as err:
@@ -498,8 +500,10 @@ def main(argv=None) -> int:
     if args.repo:
         from tools import gitrange
 
-        try:
-            repo = gitrange.repo_at(args.repo)
+        try:  # a path as it is; a URL cloned once into .cache, as the bisect does
+            cache = Path(__file__).resolve().parent.parent / ".cache" / "repos"
+            repo = (gitrange.repo_at(args.repo) if not gitrange.is_url(args.repo)
+                    else gitrange.open_repo(args.repo, cache))
         except gitrange.BadInput as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
@@ -534,7 +538,7 @@ def search(frames: list[Frame], package: str, since: Version, torch_since: Versi
                  lambda v: WheelSources("torch", v, ("macosx", "win_amd64")), name="torch")
     print(answer(package, *pl))
     print(answer("torch", *torch))
-    for name, (total, ranking), option in ((package, pl, "--since"), ("torch", torch, "--torch-since")):
+    for name, (total, ranking), option in ((package, pl, "--oldest"), ("torch", torch, "--torch-oldest")):
         if total and (not ranking or ranking[0][0] * 2 < total):
             print(f"note: no {name} release matches even half of its frames: an older {option}?")
     return 0

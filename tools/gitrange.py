@@ -56,6 +56,11 @@ def repo_at(path: str | Path) -> git.Repo:
     return repo
 
 
+def is_url(source: str) -> bool:
+    """A repository to clone (``https://...``, ``ssh://...``, ``git@host:path``), not a path here."""
+    return "://" in source or (source.startswith("git@") and ":" in source)
+
+
 def _identity(source: str) -> str:
     """What tells a local repository from another one made later at the same path: the inode of
     its object store (a clone made with ``--shared`` reads that store, and breaks when it goes)."""

@@ -622,9 +622,9 @@ def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResul
 def parser() -> contract.Parser:
     """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s patches --", description=__doc__.split("\n\n")[0])
-    p.add_argument("--patch", help="only this patch of the series")
+    p.add_argument("--patch", help="only this patch of the series (default: every patch)")
     p.add_argument("--cell", help="only this matrix cell, by its name (e.g. pl2_6_6_torch2_13_0, as nox -s "
-                                  "repro -k takes it)")
+                                  "repro -k takes it; default: every cell a patch names)")
     p.add_argument("--repeat", type=int, default=REPEAT,
                    help=f"runs of each new multi-process test (the flaky gate; default {REPEAT})")
     p.add_argument("--script", help="also run this script of yours without and with the series")

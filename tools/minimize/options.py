@@ -122,7 +122,7 @@ def parser() -> contract.Parser:
                         help="a new interpreter for every candidate (default: forks of one process "
                              "that imported torch and Lightning; the confirmation runs are always fresh)")
     output = p.add_argument_group("results")
-    output.add_argument("--out", help="output folder (default results/minimize/<script name>)")
+    output.add_argument("--out", help="output folder (default: results/minimize/<script name>)")
     return p
 
 

@@ -78,10 +78,10 @@ def parser() -> contract.Parser:
                             "make one; read the script first)")
     budget = p.add_argument_group("how long, and how sure")
     budget.add_argument("--trials", default="3",
-                        help=f"runs per cell (default 3), or auto: {AUTO_TRIALS} per cell, and the "
+                        help=f"runs per cell, or auto: {AUTO_TRIALS} per cell, and the "
                              "bisect's --trials auto (from the rate at its bad end)")
     budget.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT,
-                        help=f"wall-clock limit of a run (default {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s "
+                        help=f"wall-clock limit of a run (default: {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s "
                              "for a report that says it hangs, whose runs are bad when they outlive it)")
     budget.add_argument("--budget", type=float, default=5.0, metavar="MINUTES",
                         help="minutes of minimization (0 skips it)")
@@ -90,7 +90,8 @@ def parser() -> contract.Parser:
     budget.add_argument("--jobs", default="auto", metavar="K",
                         help="the bisect's candidates tested at once per round (nox -s bisect --jobs)")
     output = p.add_argument_group("results")
-    output.add_argument("--out", help="results folder (default results/triage/<issue id>)")
+    output.add_argument("--out", help="results folder (default: results/triage/<report name>-<8 hex>/, "
+                                      "the same for the same report: a second triage resumes)")
     output.add_argument("--state", help="the bisect's verdict cache (default nox -s bisect's, shared: a "
                                         "re-run, or a bisect of the same script, runs no step twice)")
     return p

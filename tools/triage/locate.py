@@ -35,7 +35,7 @@ def fingerprinted(frames: list, package: str, repo: str | None, t: dict | None =
     if repo:
         from tools import bisect_cli, gitrange
 
-        checkout = (gitrange.repo_at(repo) if Path(repo).exists() else  # a URL: the bisect's clone
+        checkout = (gitrange.repo_at(repo) if not gitrange.is_url(repo) else  # a URL: the bisect's clone
                     gitrange.open_repo(repo, bisect_cli.CACHE / "repos", log=lambda m: progress("read", m)))
         tags = {t.name for t in checkout.tags}
         versions = [v for v in versions if str(v) in tags]
