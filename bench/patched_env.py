@@ -21,8 +21,9 @@ from tools import envs, matrix  # noqa: E402
 MAKE = """import subprocess, sys, tempfile
 from pathlib import Path
 from tools import validate_patches
-with validate_patches.scratch("bench-") as tmp:
-    python = validate_patches.throwaway({args!r}, tmp / "env", {like})
+from tools import patched
+with patched.scratch("bench-") as tmp:
+    python = patched.throwaway({args!r}, tmp / "env", {like})
     subprocess.run([str(python), "-c", "import torch, {module}"], check=True)
 """
 

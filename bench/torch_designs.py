@@ -239,7 +239,7 @@ def main() -> None:
     if a.inner:
         inner(a.out, a.repeat)
         return
-    from tools import envs, matrix, patches
+    from tools import envs, matrix, patched, patches
     from tools import validate_patches as vp
 
     cells = {c.id: c for c in matrix.load().cells}
@@ -253,10 +253,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, vp.interrupts_unwind():
         out = Path(a.out or tmp)
         for i, (name, patch, diff) in enumerate(designs()):
-            with vp.scratch("torch-design-") as env:
+            with patched.scratch("torch-design-") as env:
                 python = released
                 if patch is not None:
-                    python = vp.throwaway(args, env / "env")
+                    python = patched.throwaway(args, env / "env")
                     patches.apply(patch, *patches.installed_root(vp.site_packages(python), patch), diff)
                 t = time.monotonic()
                 results[name] = measure(python, out / f"design{i}", a)

@@ -9,7 +9,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tools import bisect, bisect_cli, envs
+from tools import bisect, bisect_cli, bisect_options, bisect_tiers, envs, process_group
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
 
@@ -266,7 +266,7 @@ def test_an_interrupted_round_stops_its_other_runs_and_caches_nothing_of_them(tm
     assert killed and all("was interrupted" in (s.reason or "") for s in killed), killed
     cached = set(json.loads((tmp_path / "state.json").read_text()))
     assert {"c0", "c5"} <= cached and "c3" not in cached  # the killed run left no verdict
-    assert not bisect.harness.ABORT.is_set()  # the next round runs
+    assert not process_group.ABORT.is_set()  # the next round runs
 
 
 # -- commit tier on a synthetic repository ------------------------------------------------------
@@ -321,7 +321,7 @@ def cli(tmp_path, repo_path, *extra):
 
 
 def test_commit_bisect_finds_the_pr_and_skips_the_broken_commit(tmp_path, no_envs, monkeypatch):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning")
     before = repo.git.status("--porcelain")
     assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master") == 0
@@ -344,7 +344,7 @@ def test_commits_run_on_a_release_environment_and_fall_back_to_their_own_require
         tmp_path, no_envs, monkeypatch):
     # a commit that imports what the release's environment lacks is run again on an environment
     # of its own requirements, where its import works: it is tested, not skipped
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning", needs_dep_from=9)
     deps = tmp_path / "own-deps"
     deps.mkdir()
@@ -372,7 +372,7 @@ def test_commits_run_on_a_release_environment_and_fall_back_to_their_own_require
 
 
 def test_find_fix_names_the_commit_that_fixed_the_bug(tmp_path, no_envs, monkeypatch):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning", fixed_at=10)
     assert cli(tmp_path, repo.working_dir, "--find-fix", "--bad", shas[8], "--good", "master") == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -385,7 +385,7 @@ def test_find_fix_names_the_commit_that_fixed_the_bug(tmp_path, no_envs, monkeyp
 
 
 def test_commit_probes_in_parallel_each_in_a_worktree_of_its_own(tmp_path, no_envs, monkeypatch):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning")
     assert cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master", "--jobs", "3") == 0
     data = json.loads((tmp_path / "out" / "report.json").read_text())
@@ -406,8 +406,8 @@ def test_bad_jobs_are_bad_input(tmp_path, no_envs, capsys, jobs, message):
 def test_find_fix_over_releases(tmp_path, monkeypatch, capsys):
     names = [f"1.{i}.0" for i in range(10)]
     buggy = {"1.2.0", "1.3.0", "1.4.0", "1.5.0"}
-    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
-    monkeypatch.setattr(bisect_cli, "release_predicate",
+    monkeypatch.setattr(bisect_tiers, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_tiers, "release_predicate",
                         lambda args, out: lambda c: (1 if c in buggy else 0, "sig"))
 
     def run(*args):
@@ -427,7 +427,7 @@ def test_find_fix_over_releases(tmp_path, monkeypatch, capsys):
 
 
 def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_envs, monkeypatch):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, _ = make_repo(tmp_path / "lightning")
     repro = tmp_path / "mine" / FIXTURE.name  # what a reduction writes is always minimized.py
 
@@ -455,7 +455,7 @@ def test_an_edited_repro_or_another_of_the_same_name_is_run_again(tmp_path, no_e
     (["--good", "1.0.0", "--bad", "master", "--trials", "0"], "--trials takes a number"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, no_envs, monkeypatch, capsys, args, message):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, _ = make_repo(tmp_path / "lightning")
     assert cli(tmp_path, repo.working_dir, *args) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -471,8 +471,8 @@ def test_missing_repo_and_repro_are_bad_input(tmp_path, no_envs, capsys):
 
 def test_release_bisect_never_worked(tmp_path, monkeypatch):
     names = [f"1.{i}.0" for i in range(10)]
-    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
-    monkeypatch.setattr(bisect_cli, "release_predicate", lambda args, out: lambda c: (1, "sig"))
+    monkeypatch.setattr(bisect_tiers, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_tiers, "release_predicate", lambda args, out: lambda c: (1, "sig"))
     code = bisect_cli.main([*OWN, "--tier", "releases", "--state", str(tmp_path / "s.json"),
                             "--out", str(tmp_path / "out")])
     assert code == 3
@@ -484,8 +484,8 @@ def test_without_a_repository_both_tiers_stop_after_the_releases_and_say_so(tmp_
     """One rule for --repo in every session: no repository, no commit tier (never a clone of
     upstream the user did not ask for)."""
     names = [f"1.{i}.0" for i in range(10)]
-    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda args: names)
-    monkeypatch.setattr(bisect_cli, "release_predicate",
+    monkeypatch.setattr(bisect_tiers, "candidate_releases", lambda args: names)
+    monkeypatch.setattr(bisect_tiers, "release_predicate",
                         lambda args, out: lambda c: (1 if c >= "1.6.0" else 0, "sig"))
     monkeypatch.setattr(bisect_cli, "commit_tier", lambda *a, **k: pytest.fail("the commit tier ran"))
     code = bisect_cli.main([*OWN, "--tier", "both", "--repo", "", "--state", str(tmp_path / "s.json"),
@@ -498,7 +498,7 @@ def test_without_a_repository_both_tiers_stop_after_the_releases_and_say_so(tmp_
 
 
 def test_an_end_on_a_release_branch_is_mapped_through_the_merge_base(tmp_path, no_envs, monkeypatch):
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning")
     # a patch release cherry-picked on a release branch off commit 2
     repo.git.checkout("-b", "release/1.0.x", shas[2])
@@ -585,19 +585,19 @@ def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsy
 
 
 def test_with_hang_a_run_that_outlives_its_limit_is_bad(tmp_path, monkeypatch):
-    from tools import bisect_cli, harness
+    from tools import bisect_cli, bisect_tiers, harness
 
     cfg = bisect_cli.parse_args(["--script", "tests/corpus/skip_step_ddp.py", "--hang", "--timeout", "5",
                                  "--out", str(tmp_path)])
-    assert cfg.hang and "|hang=5" in bisect_cli.signature_key(cfg)
+    assert cfg.hang and "|hang=5" in bisect_tiers.signature_key(cfg)
 
     class Slow:
         def run(self, run):
             return harness.RunResult(125, "skip", "timed out after 5 s; process group killed", 5.0, -15)
 
-    monkeypatch.setattr(bisect_cli, "LAUNCHER", Slow())
-    code, reason, final = bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))
+    monkeypatch.setattr(bisect_tiers, "LAUNCHER", Slow())
+    code, reason, final = bisect_tiers.run_repro(cfg, tmp_path, Path(sys.executable))
     assert (code, reason) == (1, "it hangs: timed out after 5 s; process group killed")
     cfg = bisect_cli.parse_args(["--script", "tests/corpus/skip_step_ddp.py", "--signature", "x",
                                  "--timeout", "5", "--out", str(tmp_path)])
-    assert bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable))[0] == 125  # without --hang: no verdict
+    assert bisect_tiers.run_repro(cfg, tmp_path, Path(sys.executable))[0] == 125  # without --hang: no verdict

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_cli, gitrange
+from tools import bisect_options, bisect_tiers, gitrange
 
 REPO = os.environ.get("LIGHTNING_REPO")
 
@@ -44,7 +44,7 @@ def fake_src(root: Path, init: str = '__version__ = "9.8.7"\n') -> Path:
 
 def probe(src: Path) -> list[str]:
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          env={**os.environ, **bisect_cli.source_env(src.parent)})
+                          env={**os.environ, **bisect_tiers.source_env(src.parent)})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split()
 
@@ -69,7 +69,7 @@ def test_an_init_that_needs_lightning_app_is_not_run(tmp_path):
 def test_without_a_checkout_nothing_changes(tmp_path):
     code = "import pytorch_lightning; print(pytorch_lightning.__file__)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(bisect_cli.INJECT)})
+                          env={**os.environ, "PYTHONPATH": str(bisect_options.INJECT)})
     assert proc.returncode == 0 and "site-packages" in proc.stdout
 
 
@@ -79,7 +79,7 @@ def test_without_a_checkout_nothing_changes(tmp_path):
 def test_a_real_release_tag_runs_from_source_under_both_names(tmp_path, tag):
     # 2.0.9's lightning/__init__ imports lightning.app; 2.4.0's does not. Each runs on its own
     # release's environment (as the bisect's commit tier does), whose installed wheel must not win
-    python = bisect_cli.release_env("pytorch-lightning", tag, "2.13.0")
+    python = bisect_tiers.release_env("pytorch-lightning", tag, "2.13.0")
     repo = gitrange.open_repo(REPO, tmp_path / "repos")  # as a commit bisect does
     wt = gitrange.Worktree.claim(repo, tmp_path / "worktrees" / "wt")
     wt.checkout(tag)
@@ -90,7 +90,7 @@ def test_a_real_release_tag_runs_from_source_under_both_names(tmp_path, tag):
             "t.fit(BoringModel())\n"
             "print(pl is lp, pl.__version__, pl.__file__, t.global_step)\n")
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **bisect_cli.source_env(wt.path)})
+                          env={**os.environ, **bisect_tiers.source_env(wt.path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     same, version, file, steps = proc.stdout.split()[-4:]
     assert (same, version, steps) == ("True", tag, "2") and file.startswith(str(wt.path))

@@ -143,14 +143,14 @@ def test_a_run_that_exits_0_and_prints_the_bad_output_is_bad_and_only_that_one(t
 
 
 def test_the_bisect_takes_bad_output_as_its_judge_and_keys_its_verdicts_by_it(tmp_path):
-    from tools import bisect_cli
+    from tools import bisect_cli, bisect_tiers
 
     repro = tmp_path / "r.py"
     repro.write_text("print('x')\n")
     cfg = bisect_cli.parse_args(["--script", str(repro), "--bad-output", "loaded back: no",
                                  "--out", str(tmp_path)])
     assert cfg.bad_output == "loaded back: no"
-    assert "|bad-output=loaded back: no" in bisect_cli.signature_key(cfg)
+    assert "|bad-output=loaded back: no" in bisect_tiers.signature_key(cfg)
     proc = subprocess.run([sys.executable, "-m", "tools.bisect_cli", "--script", str(repro),
                            "--bad-output", "(", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -167,9 +167,9 @@ def test_a_differential_that_finds_nothing_the_report_shows_says_why_and_asks(tm
     monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
-    from tools import bisect_cli, harness
+    from tools import bisect_tiers, harness
 
-    monkeypatch.setattr(bisect_cli, "release_env", lambda *a, **k: Path(sys.executable))
+    monkeypatch.setattr(bisect_tiers, "release_env", lambda *a, **k: Path(sys.executable))
     logs = tmp_path / "said.txt"
     logs.write_text("done\n")
     monkeypatch.setattr(Launcher, "run", lambda self, run: harness.RunResult(

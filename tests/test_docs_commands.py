@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_cli, cells, contract, fingerprint, triage, validate_patches
+from tools import bisect_options, cells, contract, fingerprint, triage, validate_patches
 from tools.minimize import options as minimize_options
 
 ROOT = Path(__file__).resolve().parent.parent
-PARSERS = {"bisect": bisect_cli.parser, "minimize": minimize_options.parser, "triage": triage.parser,
+PARSERS = {"bisect": bisect_options.parser, "minimize": minimize_options.parser, "triage": triage.parser,
            "patches": validate_patches.parser, "fingerprint": fingerprint.parser, "repro": cells.parser}
 PLACEHOLDER = re.compile(r"<|\.\.\.|\[|\b(SCRIPT|REGEX|ISSUE|NAME|ID|K|N)\b|\$\(|--help")
 
@@ -79,5 +79,5 @@ def test_an_old_name_is_caught():
     """The check itself: a command with a deprecated spelling is reported."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        bisect_cli.parser().parse_args(["--repro", "x.py"])
+        bisect_options.parser().parse_args(["--repro", "x.py"])
     assert "--repro is deprecated, use --script" in err.getvalue()

@@ -165,9 +165,9 @@ def test_environments_made_by_the_tools_are_compiled(tmp_path, monkeypatch):
     monkeypatch.setattr(envs, "ENVS", tmp_path / "envs")
     python = envs.ensure("compiled-check", ["packaging"])
     assert _uncompiled(str(python), ["packaging"]) == []
-    from tools import validate_patches
+    from tools import patched
 
-    python = validate_patches.throwaway(["packaging"], tmp_path / "throwaway")
+    python = patched.throwaway(["packaging"], tmp_path / "throwaway")
     assert _uncompiled(str(python), ["packaging"]) == []
 
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, alive
 from test_bisect import FIXTURE, cli, make_repo, no_envs  # noqa: F401  (fixture)
 
-from tools import bisect, bisect_cli, gitrange, results, run
+from tools import bisect, bisect_cli, bisect_options, bisect_tiers, gitrange, results, run
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
 
@@ -130,7 +130,7 @@ def test_a_repro_that_cannot_be_judged_is_refused_before_any_step(tmp_path, caps
 
 
 def test_a_shell_script_repro_runs_with_the_candidates_python(tmp_path, no_envs, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = make_repo(tmp_path / "lightning")
     sh = tmp_path / "repro.sh"
     sh.write_text(f'#!/bin/sh\nexec python "{FIXTURE}"\n')
@@ -312,7 +312,7 @@ def test_an_unwritable_results_or_cache_folder_is_refused_before_the_first_step(
     blocked = tmp_path / "file" / "below"
     out = blocked if where == "--out" else tmp_path / "out"
     if where == "cache":
-        monkeypatch.setattr(bisect_cli, "CACHE", blocked)
+        monkeypatch.setattr(bisect_options, "CACHE", blocked)
     monkeypatch.setattr(bisect_cli, "release_ends", lambda cfg: (["1.0", "2.0"], None, 1))
     monkeypatch.setattr(bisect_cli, "release_tier", lambda *a: pytest.fail("a step ran"))
     assert bisect_cli.main([*OWN, "--state", str(tmp_path / "s.json"), "--out", str(out)]) == 2
@@ -327,8 +327,8 @@ def test_a_full_disk_while_saving_the_state_is_one_line_128_and_keeps_the_earlie
     from tools import results
 
     names = [f"1.{i}.0" for i in range(8)]
-    monkeypatch.setattr(bisect_cli, "candidate_releases", lambda cfg: names)
-    monkeypatch.setattr(bisect_cli, "release_predicate",
+    monkeypatch.setattr(bisect_tiers, "candidate_releases", lambda cfg: names)
+    monkeypatch.setattr(bisect_tiers, "release_predicate",
                         lambda cfg, out: lambda c: (1 if c >= "1.5.0" else 0, None))
     state = tmp_path / "s.json"
     real = results.write_json

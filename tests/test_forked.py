@@ -185,19 +185,19 @@ def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_i
         tmp_path, monkeypatch):
     import dataclasses
 
-    from tools import bisect_cli
+    from tools import bisect_cli, bisect_tiers
 
     script = tmp_path / "job.py"
     script.write_text(JOB)
     cfg = dataclasses.replace(bisect_cli.parse_args([*OWN, "--state", str(tmp_path / "s.json")]),
                               repro=script, preload=True, timeout=60)  # as the workspace's repros
     try:
-        codes = [bisect_cli.run_repro(cfg, tmp_path, Path(sys.executable), log_stem=tmp_path / f"t{i}",
+        codes = [bisect_tiers.run_repro(cfg, tmp_path, Path(sys.executable), log_stem=tmp_path / f"t{i}",
                                       candidate=c)[0] for i, c in enumerate(["a", "a", "a", "b"])]
         runners = [json.loads(Path(tmp_path / f"t{i}.stdout").read_text().splitlines()[-1])
                    ["details"]["runner"] for i in range(4)]
     finally:
-        bisect_cli.close_launcher()
+        bisect_tiers.close_launcher()
     assert codes == [0, 0, 0, 0]
     assert runners[0] == runners[1] == runners[2] != runners[3]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, gates, gitrange, patches, validate_patches
+from tools import contract, gates, gitrange, patched, patches
 
 MYPY = "1.20.0"
 RUFF = "0.15.9"
@@ -317,7 +317,7 @@ TYPE_ERROR = "\n\ndef _gate_probe() -> int:\n    return str(DDPStrategy)\n"
 
 @pytest.mark.skipif(not REPO, reason="set LIGHTNING_REPO to a Lightning git checkout")
 def test_types_on_lightning_master(tmp_path):
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "requirements"))
     try:
         wt.git.sparse_checkout("add", "/pyproject.toml")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import harness, matrix, patches
+from tools import harness, matrix, patches, series_gates
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -381,7 +381,7 @@ def test_the_torch_patch_carries_a_test_in_torchs_layout():
 
 
 def test_unittest_counts_read_torch_style_test_files(tmp_path):
-    from tools import validate_patches
+    from tools import series_gates
 
     (tmp_path / "t.py").write_text(
         "import unittest\n"
@@ -393,9 +393,9 @@ def test_unittest_counts_read_torch_style_test_files(tmp_path):
         "    def test_skip(self): pass\n"
         "unittest.main()\n")
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
-    counts = validate_patches.unittest_counts(Path(sys.executable), tmp_path, ["t.py"])
+    counts = series_gates.unittest_counts(Path(sys.executable), tmp_path, ["t.py"])
     assert counts == {"passed": 1, "failed": 1, "error": 1, "skipped": 1}
-    assert validate_patches.unittest_counts(Path(sys.executable), tmp_path, ["broken.py"]) == {"error": 1}
+    assert series_gates.unittest_counts(Path(sys.executable), tmp_path, ["broken.py"]) == {"error": 1}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -629,7 +629,7 @@ NOX_CTRL_C = [(signal.SIGINT, "group", 0.3), (signal.SIGTERM, "tool", 0.2), (sig
 
 SECOND_SIGNAL = """
 import os, signal, subprocess, sys
-from tools import validate_patches
+from tools import patched
 
 class Term(Exception):
     pass
@@ -653,7 +653,7 @@ def wait(self, timeout=None):
 
 subprocess.Popen.wait = wait
 try:
-    validate_patches._uv(["sleep", "60"])
+    patched._uv(["sleep", "60"])
 except (KeyboardInterrupt, Term) as err:
     print(type(err).__name__, reaped)
 """
@@ -913,8 +913,8 @@ def test_the_existing_tests_gate_fails_when_a_test_that_passed_breaks(tmp_path):
 
 
 def test_a_child_that_died_is_named_in_the_test_gates():
+    from tools import series_gates
     from tools import upstream_tests as ut
-    from tools import validate_patches
 
     file = "tests/tests_pytorch/strategies/test_x.py"
     before = ut.Report({f"{file}::test_a": "passed", f"{file}::test_b[1]": "passed"}, 0)
@@ -925,12 +925,12 @@ def test_a_child_that_died_is_named_in_the_test_gates():
     assert gate["text"].endswith("1 of 2 that passed do not: test_x.py::test_b[1] (failed); a child process "
                                  "died of SIGABRT (test_b[1])")
     tests = {file: "the diff"}
-    gate = validate_patches.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), died,
+    gate = series_gates.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), died,
                                                 [file], [file])
     assert not gate["ok"]
     assert gate["text"] == ("master + its tests: 1 failed; patched: 1 passed, 1 failed (a child process died "
                             "of SIGABRT (test_b[1]))")
-    assert validate_patches.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), before,
+    assert series_gates.upstream_tests_gate(tests, ut.Report({f"{file}::test_b[1]": "failed"}, 1), before,
                                                 [file], [file])["ok"]
 
 
@@ -1001,8 +1001,8 @@ def test_a_failed_run_says_how_it_failed(returncode, output, failing, expected):
 
 
 def test_torch_style_tests_repeat_by_class_and_name(tmp_path, monkeypatch):
+    from tools import series_gates
     from tools import upstream_tests as ut
-    from tools import validate_patches
 
     test = tmp_path / "test" / "distributed" / "test_t.py"
     test.parent.mkdir(parents=True)
@@ -1011,10 +1011,10 @@ def test_torch_style_tests_repeat_by_class_and_name(tmp_path, monkeypatch):
                     "    def test_b(self):\n        pass\n\n"
                     "if __name__ == '__main__':\n    unittest.main()\n")
     node = "test/distributed/test_t.py::T::test_a"
-    ok = validate_patches.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "ok")
+    ok = series_gates.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "ok")
     assert ok.returncode == 0 and "Ran 1 test" in ok.output and not ut.run_failed(ok)
     monkeypatch.setenv("FAIL", "1")
-    bad = validate_patches.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "bad")
+    bad = series_gates.torch_run(Path(sys.executable), tmp_path, [node], tmp_path / "bad")
     assert ut.run_failed(bad) and ut.describe(bad) == "exit 1"
 
 
@@ -1052,51 +1052,51 @@ def test_the_gates_of_tools_gates_plug_in_fail_and_pass(tmp_path, monkeypatch):
     (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
     validate_patches, calls = fake_gates(monkeypatch, types=True, lint=False, license=True,
                                          changelog=RuntimeError("no CHANGELOG.md"))
-    gates = validate_patches.other_gates(patch, tmp_path / "before", tmp_path / "after", tmp_path / "logs")
+    gates = series_gates.other_gates(patch, tmp_path / "before", tmp_path / "after", tmp_path / "logs")
     assert {name: (g["ok"], g["text"]) for name, g in gates.items()} == {
         "types": (True, "types clean"), "lint": (False, "lint broken"), "license": (True, "license clean"),
         "changelog": (False, "could not run: RuntimeError: no CHANGELOG.md")}
     assert (tmp_path / "logs" / "lint.txt").read_text() == "full lint output\n"
     assert calls["types"][2] == [f for f in patch.files if f.endswith(".py")]
-    assert calls["license"][1] == validate_patches.added_files(patch)
+    assert calls["license"][1] == series_gates.added_files(patch)
     assert calls["lint"][2] == tmp_path / "before"
 
 
 def test_a_torch_patch_without_a_test_fails_and_so_does_one_whose_test_change_cannot_be_run(
         tmp_path, monkeypatch):
-    from tools import validate_patches
+    from tools import series_gates, validate_patches
 
     monkeypatch.setattr(validate_patches.envs, "install_args", lambda *a: pytest.fail("an env was made"))
     cell = matrix.load().cells[0]
     untested = patches.parse(write(tmp_path, HEAD + DIFF))
-    gates = validate_patches.torch_gates(untested, cell, tmp_path, 5)
+    gates = series_gates.torch_gates(untested, cell, tmp_path, 5)
     assert not gates["upstream tests"]["ok"]
     assert gates["upstream tests"]["text"].startswith("the patch adds no test")
     own_test = DIFF.replace("torch/m.py", "test/test_m.py")
     own = patches.parse(write(tmp_path, HEAD + DIFF + own_test, "own.patch"))
-    gates = validate_patches.torch_gates(own, cell, tmp_path, 5)  # a change, but no test method
+    gates = series_gates.torch_gates(own, cell, tmp_path, 5)  # a change, but no test method
     assert not gates["upstream tests"]["ok"]
     assert gates["upstream tests"]["text"].startswith("its test changes cannot be run here: ")
 
 
 def test_the_files_a_patch_creates(tmp_path):
-    from tools import validate_patches
+    from tools import series_gates
 
     new = ("diff --git a/torch/new.py b/torch/new.py\nnew file mode 100644\n--- /dev/null\n"
            "+++ b/torch/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
     patch = patches.parse(write(tmp_path, HEAD + "diff --git a/torch/m.py b/torch/m.py\n" + DIFF + new))
     assert patch.files == ["torch/m.py", "torch/new.py"]
-    assert validate_patches.added_files(patch) == ["torch/new.py"]
+    assert series_gates.added_files(patch) == ["torch/new.py"]
 
 
 def test_without_tools_gates_its_gates_say_so(tmp_path, monkeypatch):
     import tools
-    from tools import validate_patches
+    from tools import series_gates
 
     monkeypatch.setitem(sys.modules, "tools.gates", None)
     monkeypatch.delattr(tools, "gates", raising=False)
     (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
-    gates = validate_patches.other_gates(patch, tmp_path, tmp_path, tmp_path)
+    gates = series_gates.other_gates(patch, tmp_path, tmp_path, tmp_path)
     assert set(gates) == {"types", "lint", "license", "changelog"}
     assert all(g == {"ok": True, "text": "not run: no tools/gates.py"} for g in gates.values())
 
@@ -1317,8 +1317,8 @@ def test_takes_either_error(tmp_path):
 def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_patches_torch(tmp_path):
     """The series together across targets: the gate runs a Lightning patch's new tests on a
     torch with the series' torch patch, which turns the AttributeError into a RuntimeError."""
+    from tools import series_gates
     from tools import upstream_tests as ut
-    from tools import validate_patches
 
     tree = tmp_path / "tree"
     (tree / "tests" / "tests_pytorch").mkdir(parents=True)
@@ -1331,12 +1331,12 @@ def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_pa
     assert released.counts() == {"passed": 2}, released.output[-2000:]  # on torch as released
     series = patches.series(ROOT / "patches")
     assert any(p.target == "torch" for p in series)
-    gate = validate_patches.torch_series_gate(series, python, tree, added, tmp_path / "logs" / "x",
+    gate = series_gates.torch_series_gate(series, python, tree, added, tmp_path / "logs" / "x",
                                               log=lambda msg: None)
     assert gate["ok"] is False, gate
     assert "1 passed, 1 failed" in gate["text"] and "test_expects_the_old_error" in gate["text"], gate
     alone = {k: v for k, v in added.items() if k.endswith("either_error")}
-    assert validate_patches.torch_series_gate([p for p in series if p.target == "lightning"], python, tree,
+    assert series_gates.torch_series_gate([p for p in series if p.target == "lightning"], python, tree,
                                               alone, tmp_path / "logs" / "y")["text"] == \
         "no torch patch in the series"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import gitrange, matrix, patches, validate_patches
+from tools import gitrange, matrix, patched, patches, series_gates, validate_patches
 
 REPO = os.environ.get("LIGHTNING_REPO")
 pytestmark = pytest.mark.skipif(not REPO, reason="set LIGHTNING_REPO to a Lightning git checkout")
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(not REPO, reason="set LIGHTNING_REPO to a Lightn
 
 def test_each_lightning_patch_applies_at_its_base_on_top_of_the_earlier_ones(tmp_path):
     series = [p for p in patches.series() if p.target == "lightning"]
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
     for k, patch in enumerate(series):
-        states = validate_patches.checkout_states(patch, repo, wt, series[:k])
+        states = series_gates.checkout_states(patch, repo, wt, series[:k])
         base, master = states.split("; ")
         assert base == "base: applies", (patch.name, states)
         assert master.startswith(("master: applies", "master: drift")), (patch.name, states)
@@ -34,9 +34,9 @@ def test_each_lightning_patch_applies_at_its_base_on_top_of_the_earlier_ones(tmp
 def test_an_unknown_base_is_reported_not_raised(tmp_path):
     (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
     patch.headers["X-Base"] = "no-such-ref-anywhere"
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
-    states = validate_patches.checkout_states(patch, repo, wt, [])
+    states = series_gates.checkout_states(patch, repo, wt, [])
     assert states.startswith("base: fails (unknown git ref 'no-such-ref-anywhere')")
     repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
 
@@ -73,7 +73,7 @@ def series_with_a_breaking_patch(tmp_path, repo) -> list[patches.Patch]:
         shutil.copy(p.path, folder / p.name)
     master = gitrange.resolve(repo, "master")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
-    tree = validate_patches.on_top_of(wt, master, [p for p in real if p.target == "lightning"])
+    tree = series_gates.on_top_of(wt, master, [p for p in real if p.target == "lightning"])
     old = (tree / FINETUNING).read_text()
     new = old.replace("param.requires_grad = True", "param.requires_grad = False", 1)
     assert new != old
@@ -89,9 +89,9 @@ def series_with_a_breaking_patch(tmp_path, repo) -> list[patches.Patch]:
 
 def existing_tests_gate(monkeypatch, patch, out):
     """``upstream()`` as ``nox -s patches`` runs it for one patch, tools/gates.py's gates left out."""
-    monkeypatch.setattr(validate_patches, "_UPSTREAM", {})
-    monkeypatch.setattr(validate_patches, "other_gates", lambda *a, **k: {
-        name: {"ok": True, "text": "not run here"} for name in validate_patches.OTHER_GATES})
+    monkeypatch.setattr(series_gates, "_UPSTREAM", {})
+    monkeypatch.setattr(series_gates, "other_gates", lambda *a, **k: {
+        name: {"ok": True, "text": "not run here"} for name in series_gates.OTHER_GATES})
     cell = next(c for c in matrix.load().cells if c.id == patch.cells[0])
     _, gates = validate_patches.upstream(patch, cell, out, repeat=1, log=lambda msg: None)
     return gates
@@ -99,7 +99,7 @@ def existing_tests_gate(monkeypatch, patch, out):
 
 @pytest.mark.timeout(900)
 def test_a_patch_that_breaks_an_existing_test_fails_the_existing_tests_gate(tmp_path, monkeypatch):
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     *_, broken = series_with_a_breaking_patch(tmp_path, repo)
     gates = existing_tests_gate(monkeypatch, broken, tmp_path / "out")
     existing = gates["existing tests"]
@@ -132,7 +132,7 @@ def test_the_open_upstream_work_of_a_patch_on_the_real_history():
     from tools import open_work
 
     (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     master = gitrange.resolve(repo, "master")
     issue = open_work.issue_number(patch.headers["Bug"])
     found = open_work.related(repo, master, patch.files, issue, patch.diff)
@@ -146,7 +146,7 @@ def test_the_open_upstream_work_of_a_patch_on_the_real_history():
         assert pr.names_issue or pr.touches, pr
         assert set(pr.touches) <= set(patch.files) and not any(map(open_work.is_changelog, pr.touches)), pr
         assert re.fullmatch(r"applies|conflicts( in .+)?|the PR no longer merges into master", pr.applies), pr
-    gate = validate_patches.open_upstream_work(patch, repo, master, log=lambda msg: None)
+    gate = series_gates.open_upstream_work(patch, repo, master, log=lambda msg: None)
     assert gate["ok"] == all(f"#{p.number}" in patch.headers["Description"] for p in found if p.names_issue)
 
 
@@ -157,7 +157,7 @@ def test_every_cited_line_and_commit_of_the_claims_holds_at_master(tmp_path):
 
     from tools import claims
 
-    repo = gitrange.open_repo(REPO, validate_patches.CACHE / "repos")
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src",))
     tree = wt.checkout(gitrange.resolve(repo, "master"))
     torch_root = os.path.dirname(os.path.dirname(torch.__file__))

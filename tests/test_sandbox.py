@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import harness, sandbox
+from tools import harness, leftovers, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -399,10 +399,10 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
     """A process that made a sandbox folder and a pid file, then died of SIGKILL: the next
     process's first run removes both and says so; a live owner's are kept."""
     made = tmp_path / "made"
-    code = (f"import sys, os, time; sys.path.insert(0, {str(ROOT)!r}); from tools import harness\n"
-            "d = harness.owned_tempdir('sandbox'); (d / 'untrusted').write_text('x')\n"
-            "import tempfile; f = tempfile.NamedTemporaryFile(prefix=harness.owned('ranks'), suffix='.pids', "
-            "delete=False)\n"
+    code = (f"import sys, os, time; sys.path.insert(0, {str(ROOT)!r}); from tools import leftovers\n"
+            "d = leftovers.owned_tempdir('sandbox'); (d / 'untrusted').write_text('x')\n"
+            "import tempfile\n"
+            "f = tempfile.NamedTemporaryFile(prefix=leftovers.owned('ranks'), suffix='.pids', delete=False)\n"
             f"open({str(made)!r}, 'w').write(str(d) + '\\n' + f.name); time.sleep(60)\n")
     temp = tmp_path / "tmp"  # a temporary folder of its own: another test's first run sweeps the shared one
     temp.mkdir()
@@ -413,10 +413,10 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
             break
         time.sleep(0.05)
     folder, pids = (Path(p) for p in made.read_text().splitlines())
-    mine = Path(tempfile.mkdtemp(prefix=harness.owned("sandbox"), dir=temp))  # this process is alive: kept
+    mine = Path(tempfile.mkdtemp(prefix=leftovers.owned("sandbox"), dir=temp))  # this process is alive: kept
     try:
         probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                "from tools import harness; harness.sweep()"],
+                                "from tools import leftovers; leftovers.sweep()"],
                                capture_output=True, text=True, timeout=60, env=env)
         assert folder.exists() and pids.exists(), probe.stderr  # its owner is alive
         owner.kill()

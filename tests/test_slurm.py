@@ -405,13 +405,13 @@ def test_a_round_of_probes_is_one_job_array_and_each_probe_gets_its_own_task(tmp
 def test_a_parallel_commit_bisect_on_slurm_runs_one_array_per_round(tmp_path, monkeypatch, capsys):
     import test_bisect
 
-    from tools import bisect_cli, envs
+    from tools import bisect_options, envs
 
     monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11", log=None: Path(sys.executable))
     monkeypatch.setattr(envs, "plan", test_bisect.fake_plan)
     monkeypatch.setattr(envs, "install_plan", lambda *args: test_bisect.fake_plan([]))
     monkeypatch.setattr(envs, "era_torch", lambda moment: "2.13.0")
-    monkeypatch.setattr(bisect_cli, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bisect_options, "CACHE", tmp_path / "cache")
     repo, shas = test_bisect.make_repo(tmp_path / "lightning")
     assert test_bisect.cli(tmp_path, repo.working_dir, "--good", "1.0.0", "--bad", "master", "--jobs", "3",
                            "--executor", "slurm", "--time", "10") == 0

@@ -110,3 +110,22 @@ def test_the_multi_process_tests_run_one_at_a_time_and_the_slurm_waits_on_anothe
     jobs = {(tmp_path / f"job{i}").read_text() for i in range(5)}
     waits = {(tmp_path / f"wait{i}").read_text() for i in range(3)}
     assert len(jobs) == 1 and len(waits) == 1 and jobs != waits, (jobs, waits)
+
+
+MODULE_LINES = 600  # a module a newcomer can read in one sitting
+FUNCTION_LINES = 90  # "about 80": past it, a function says in its docstring why it is one piece
+ONE_PIECE = "One piece on purpose"
+
+
+def test_no_module_or_function_is_too_long_to_read():
+    long = []
+    for name, path in MODULES.items():
+        text = path.read_text()
+        if len(text.splitlines()) > MODULE_LINES:
+            long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > FUNCTION_LINES and ONE_PIECE not in (ast.get_docstring(node) or ""):
+                    long.append(f"{name}.{node.name}: {size} lines")
+    assert long == []

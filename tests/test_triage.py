@@ -301,11 +301,11 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
     """Lightning's names used without imports, a module with no data of its own: completed
     against the release's exports, shown as a diff, run, and the verdict labelled as on a
     completed snippet."""
-    from tools import bisect_cli
+    from tools import bisect_tiers
 
     monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
-    monkeypatch.setattr(bisect_cli, "release_env", lambda *a, **k: Path(sys.executable))
+    monkeypatch.setattr(bisect_tiers, "release_env", lambda *a, **k: Path(sys.executable))
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
     ran = {}
 

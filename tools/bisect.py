@@ -17,7 +17,7 @@ With ``jobs=K`` (> 1) each round tests K candidates at once, in threads, spread 
 range (and, searching back, the next K doubling distances): N candidates take about
 ceil(log_{K+1} N) rounds instead of log2 N steps. ``test`` must then be safe to call from
 several threads (its runs fresh processes). An interrupt stops the runs of the round
-(``harness.ABORT``); the verdicts of the steps that ended stay cached.
+(``process_group.ABORT``); the verdicts of the steps that ended stay cached.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools import contract, harness
+from tools import contract, process_group
 from tools.results import write_json
 
 HarnessFailure = contract.HarnessFailure  # a predicate answered >= 128: the bisect must stop
@@ -317,11 +317,11 @@ class Bisector:
                 wait(futures, return_when=FIRST_EXCEPTION)  # a harness failure ends the round now
                 verdicts = [f.result() for f in futures]
             except BaseException:  # Ctrl-C, SIGTERM, a harness failure: stop the round's runs
-                harness.ABORT.set()
+                process_group.ABORT.set()
                 raise
             finally:
                 pool.shutdown(wait=True)
-                harness.ABORT.clear()
+                process_group.ABORT.clear()
         return dict(zip(indexes, verdicts, strict=True))
 
     def search_good(self, bad: int) -> tuple[int | None, int]:

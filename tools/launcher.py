@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tools import contract, harness, nodes, sandbox, slurm_jobs
+from tools import contract, harness, leftovers, nodes, sandbox, slurm_jobs
 from tools.preloaded import Runner
 
 ROOT = Path(__file__).resolve().parent.parent  # the workspace: on the path of tools.nodes in a sandbox
@@ -224,7 +224,7 @@ class Launcher:
             if self.how.nodes > 1 and run.kind == "python":  # tools.nodes inside writes the nodes' logs
                 # into a folder handed back afterwards: the script can reach neither the run's
                 # other logs nor the file its judgement is read from
-                folder = harness.owned_tempdir("sandbox")
+                folder = leftovers.owned_tempdir("sandbox")
                 stack.callback(shutil.rmtree, folder, True)
                 nodes_log = folder / "nodes" / "job"
                 outputs.append((nodes_log.parent, f"{nodes_log.name}.node*"))

@@ -23,8 +23,8 @@ them (``LOG_LIMIT``).
 
 ``unavailable()`` says why the sandbox cannot be made here (bubblewrap missing, no user
 namespaces, no libseccomp); ``up()`` installs bubblewrap (root and apt-get) and checks it.
-Everything a sandboxed run leaves on the host is a folder named for its owner process (``harness.owned``):
-a SIGKILLed owner's is swept by the next run (``harness.sweep``), its cgroups by the next
+Everything a sandboxed run leaves on the host is a folder named for its owner process (``leftovers.owned``):
+a SIGKILLed owner's is swept by the next run (``leftovers.sweep``), its cgroups by the next
 sandbox (``sweep_cgroups``).
 """
 
@@ -39,7 +39,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, harness, packages
+from tools import contract, harness, leftovers, packages
 
 
 def _mib(name: str, default: int) -> int:
@@ -338,7 +338,7 @@ def sweep_cgroups(log=print) -> None:
     """Remove the cgroups of sandboxes whose owner process is gone (a SIGKILLed triage)."""
     for parent, _ in _cgroup_parents():
         for group in parent.glob("sandbox-*"):
-            if not harness.owner_alive(group.name):
+            if not leftovers.owner_alive(group.name):
                 try:
                     group.rmdir()
                     log(f"[sweep] removed the cgroup {group} of a sandbox whose owner is gone")
@@ -383,7 +383,7 @@ class Sandbox:
     groups: list[Path] = field(default_factory=list)
 
     def __enter__(self) -> Sandbox:
-        self.folder = harness.owned_tempdir("sandbox")
+        self.folder = leftovers.owned_tempdir("sandbox")
         try:
             self._prepare()
         except BaseException:

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, harness, nodes, results
+from tools import contract, harness, nodes, process_group, results
 from tools.contract import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -274,7 +274,7 @@ def _submit_and_wait(sbatch: list[str], name: str, beat: Path, marks: list[Path]
     controller is asked every ``PROBE`` s, which also finds a task that ended without writing it
     (cancelled, timed out, its node lost), and then once a second until it agrees that the tasks
     that wrote theirs have ended (``END_GRACE`` at most). A code the file system has not shown
-    yet is asked of SLURM (``scontrol``). Ctrl-C, SIGTERM or ``harness.ABORT`` (a parallel round
+    yet is asked of SLURM (``scontrol``). Ctrl-C, SIGTERM or ``process_group.ABORT`` (a parallel round
     stopped) cancel the job by its name, even while sbatch runs; a controller that has not
     answered for ``OUTAGE`` seconds raises ``Outage``, the heartbeat stops, and the job, which
     nobody can cancel now, ends itself (``guard``)."""
@@ -291,7 +291,7 @@ def _submit_and_wait(sbatch: list[str], name: str, beat: Path, marks: list[Path]
             answered = asked = time.monotonic()
             marked_at = None
             while True:
-                if harness.ABORT.is_set():
+                if process_group.ABORT.is_set():
                     raise KeyboardInterrupt
                 if marked_at is None and all(_exit_code(m, job) is not None for m in marks):
                     marked_at = time.monotonic()
@@ -451,7 +451,7 @@ class ArrayRound:
             self._submit(batch)
         with self.cond:
             while task.result is None and task.error is None:
-                if harness.ABORT.is_set() and task in self.waiting:  # not submitted: never will be
+                if process_group.ABORT.is_set() and task in self.waiting:  # not submitted: never will be
                     self.waiting.remove(task)
                     return harness.RunResult(contract.SKIP, "skip", "aborted", 0.0, None, final=False)
                 self.cond.wait(0.5)
@@ -468,7 +468,7 @@ class ArrayRound:
             self._submit(batch)
 
     def _ready(self) -> list[_Task] | None:
-        if self.waiting and len(self.waiting) >= self.live and not harness.ABORT.is_set():
+        if self.waiting and len(self.waiting) >= self.live and not process_group.ABORT.is_set():
             batch, self.waiting = self.waiting, []
             return batch
         return None
@@ -477,7 +477,7 @@ class ArrayRound:
         try:
             outcomes = self._array(batch)
         except BaseException as err:  # an outage, a failed sbatch: every probe of it hears so
-            aborted = harness.ABORT.is_set() and isinstance(err, KeyboardInterrupt)
+            aborted = process_group.ABORT.is_set() and isinstance(err, KeyboardInterrupt)
             with self.cond:
                 for task in batch:  # stopped with the round: as a local run that was aborted
                     task.result = harness.RunResult(contract.SKIP, "skip", "aborted", 0.0, None,

@@ -267,7 +267,7 @@ def completed_script(issue: read.Issue, text: str, t: dict) -> read.Script | Non
     (``tools/py``) against the newest release's exports: its imports, a model it
     never makes, a ``fit`` of a module it never trains. None when it still is not one; what is
     missing then goes in ``t["missing"]``."""
-    from tools import bisect_cli
+    from tools import bisect_tiers
 
     def snippets(text: str) -> list[read.Block]:
         return [b for b in read.code_blocks(text) if b.lang in ("", "python", "py", "python3")
@@ -283,7 +283,7 @@ def completed_script(issue: read.Issue, text: str, t: dict) -> read.Script | Non
     code = "\n\n".join(b.code for b in blocks) + "\n"
     package = guess_package(code, text)
     try:
-        python = bisect_cli.release_env(package, runs.newest_release(package), runs.NEWEST_TORCH, ())
+        python = bisect_tiers.release_env(package, runs.newest_release(package), runs.NEWEST_TORCH, ())
     except envs.EnvError as err:
         t["missing"] = [f"the snippet could not be completed: no environment ({err})"]
         return None

@@ -33,10 +33,11 @@ def fingerprinted(frames: list, package: str, repo: str | None, t: dict | None =
     if not versions:
         return None
     if repo:
-        from tools import bisect_cli, gitrange
+        from tools import bisect_options, gitrange
 
-        checkout = (gitrange.repo_at(repo) if not gitrange.is_url(repo) else  # a URL: the bisect's clone
-                    gitrange.open_repo(repo, bisect_cli.CACHE / "repos", log=lambda m: progress("read", m)))
+        clones = bisect_options.CACHE / "repos"  # a URL: the bisect's clone
+        checkout = (gitrange.repo_at(repo) if not gitrange.is_url(repo) else
+                    gitrange.open_repo(repo, clones, log=lambda m: progress("read", m)))
         tags = {t.name for t in checkout.tags}
         versions = [v for v in versions if str(v) in tags]
         sources = lambda v: fingerprint.GitSources(checkout, str(v))  # noqa: E731
@@ -148,13 +149,13 @@ def patches_for(repro) -> list:
 
 def run_known(repro, package: str, lightning: str, torch: str, args, out: Path, launcher: Launcher) -> dict:
     """The workspace's repro in the reporter's versions, ``--trials`` times: its own verdicts."""
-    from tools import bisect_cli
+    from tools import bisect_tiers
 
     row = {"repro": repro.name, "issue": repro.issue, "script": repro.script, "package": package,
            "lightning": lightning, "torch": torch, "verdicts": [], "reasons": []}
     progress("known", f"{repro.name} (#{repro.issue}) on {package} {lightning} + torch {torch}")
     try:
-        python = bisect_cli.release_env(package, lightning, torch, ())
+        python = bisect_tiers.release_env(package, lightning, torch, ())
     except envs.EnvError as err:
         row.update(verdicts=["skip"], reasons=[f"environment: {err}"])
         return row

@@ -69,16 +69,16 @@ def eta(left: int) -> str:
 
 def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site, after: int = 0) -> None:
     """``--trials`` runs of the script in ``cell``; ``after``: the runs of the cells still to come."""
-    from tools import bisect_cli
+    from tools import bisect_tiers
 
     progress("run", f"{cell.label} cell: {cell.package} {cell.lightning} + torch {cell.torch}")
     try:
-        python = bisect_cli.release_env(cell.package, cell.base or cell.lightning, cell.torch, ())
+        python = bisect_tiers.release_env(cell.package, cell.base or cell.lightning, cell.torch, ())
     except envs.EnvError as err:
         cell.verdicts, cell.reasons = ["skip"], [f"environment: {err}"]
         return
     cell.python = python
-    env = bisect_cli.source_env(Path(cell.source)) if cell.source else {}
+    env = bisect_tiers.source_env(Path(cell.source)) if cell.source else {}
     started = time.monotonic()
     for trial in range(args.trials):
         name = cell.lightning.replace(" ", "-")
@@ -170,10 +170,10 @@ def master_cell(args, package: str, newest: str) -> Cell | None:
         return None
     import git
 
-    from tools import bisect_cli, gitrange
+    from tools import bisect_options, gitrange
 
     try:
-        repo = gitrange.open_repo(args.repo, bisect_cli.CACHE / "repos", log=lambda m: progress("run", m))
+        repo = gitrange.open_repo(args.repo, bisect_options.CACHE / "repos", log=lambda m: progress("run", m))
         try:  # the source's master now (a local source was fetched by open_repo)
             repo.git.fetch("--quiet", "origin", "+refs/heads/master:refs/remotes/origin/master")
         except git.GitCommandError as err:
@@ -182,7 +182,8 @@ def master_cell(args, package: str, newest: str) -> Cell | None:
             sha = gitrange.resolve(repo, "origin/master")
         except BadInput:
             sha = gitrange.resolve(repo, "master")
-        tree = gitrange.Worktree.claim(repo, bisect_cli.CACHE / "worktrees" / repo.working_dir.split("/")[-1])
+        worktrees = bisect_options.CACHE / "worktrees"
+        tree = gitrange.Worktree.claim(repo, worktrees / repo.working_dir.split("/")[-1])
         path = tree.checkout(sha)
     except (BadInput, OSError, git.GitError) as err:
         progress("run", f"no master cell: {err}")
@@ -219,7 +220,7 @@ def run_differential(issue: read.Issue, path: Path, args, out: Path, package: st
     that release and once in the broken one, and what tells them apart made the predicate
     (``differential``). True when it found one (``args.signature`` or
     ``args.bad_output`` set); ``t["differential"]`` says what ran, or why there is none."""
-    from tools import bisect_cli
+    from tools import bisect_tiers
     from tools.triage import differential as diff
 
     worked = diff.worked_release(issue.body)
@@ -240,7 +241,7 @@ def run_differential(issue: read.Issue, path: Path, args, out: Path, package: st
         for label, release in (("broken", bad), ("worked", good)):
             progress("run", f"differential: the {label} {package} {release} + torch {torch}, once")
             try:
-                python = bisect_cli.release_env(package, release, torch, ())
+                python = bisect_tiers.release_env(package, release, torch, ())
             except envs.EnvError as err:
                 d["why"] = f"no environment for {release}: {err}"
                 return False
