@@ -8,7 +8,11 @@ from pathlib import Path
 import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tools import cells, envs, matrix, results, sandbox, sessions, slurm_cluster, slurm_matrix  # noqa: E402
+from tools import sessions  # noqa: E402
+from tools.core import results
+from tools.environments import envs, matrix
+from tools.launch import sandbox, slurm_cluster
+from tools.stages import cells, slurm_matrix
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
@@ -102,7 +106,7 @@ def summary(session: nox.Session) -> None:
 
 
 def install(session: nox.Session, *args: str) -> None:
-    """``session.install`` with bytecode compiled at install (see tools/envs.py)."""
+    """``session.install`` with bytecode compiled at install (see tools/environments/envs.py)."""
     session.install(*args, env=envs.COMPILED)
 
 
@@ -156,7 +160,7 @@ def pr(session: nox.Session) -> None:
 @nox.session(python=False)
 def findings(session: nox.Session) -> None:
     """FINDINGS.md from the recorded runs in findings/: `-- --record KIND[=RUN_DIR]` records a run."""
-    from tools import findings as tool
+    from tools.records import findings as tool
 
     code = tool.main(session.posargs)
     if code:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tools import matrix  # noqa: E402
-from tools.preloaded import Runner  # noqa: E402
+from tools.environments import matrix  # noqa: E402
+from tools.launch.preloaded import Runner  # noqa: E402
 
 
 def tree(root: int) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tools import envs  # noqa: E402
+from tools.environments import envs  # noqa: E402
 
 
 def create(folder: Path, args: list[str]) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tools import harness  # noqa: E402
+from tools.launch import harness  # noqa: E402
 
 
 def main():

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ab import alternate, report  # noqa: E402
 
-from tools import envs, matrix  # noqa: E402
+from tools.environments import envs, matrix  # noqa: E402
 
 MAKE = """import subprocess, sys, tempfile
 from pathlib import Path

@@ -1,7 +1,7 @@
 """On which Lightning and torch releases each way in of the replica check works: the two fixtures
 (tests/fixtures/replicas: a Lightning fit in the #20340 situation, a plain torch DDP script whose
 rank 1 has its own learning rate) under ``python -m tools.run --check-replicas`` in era-correct
-environments (tools/envs.py), each expected bad; a Markdown table.
+environments (tools/environments/envs.py), each expected bad; a Markdown table.
 
     python bench/replica_coverage.py pytorch-lightning==1.9.5,torch==2.0.0 lightning==2.6.6,torch==2.13.0
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tools import envs  # noqa: E402
+from tools.environments import envs  # noqa: E402
 
 FIXTURES = {"Lightning callback": ["finetune.py"], "torch step hook": ["torch_ddp.py", "--diverge", "lr"]}
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ab import alternate, report  # noqa: E402
 
-from tools import slurm_cluster  # noqa: E402
+from tools.launch import slurm_cluster  # noqa: E402
 
 STEP = """import sys
 from tools import slurm_jobs

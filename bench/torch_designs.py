@@ -115,7 +115,7 @@ def inner(out: str, repeat: int) -> None:
 # ---- the designs, each in its environment -----------------------------------------------------
 
 def designs() -> list[tuple[str, object, str | None]]:
-    from tools import patches
+    from tools.series import patches
 
     torch_patch = next(p for p in patches.series() if p.target == "torch")
     skip = patches.Patch(Path("design-b-skip.patch"), {"X-Target": "torch"}, SKIP_DIFF)
@@ -239,8 +239,9 @@ def main() -> None:
     if a.inner:
         inner(a.out, a.repeat)
         return
-    from tools import envs, matrix, patched, patches
     from tools import validate_patches as vp
+    from tools.environments import envs, matrix
+    from tools.series import patched, patches
 
     cells = {c.id: c for c in matrix.load().cells}
     if a.cell not in cells:

@@ -93,7 +93,7 @@ def fork_ranks(world_size: int) -> int:
         _declare(_CHILDREN)
     os.environ.update(torchrun_env(world_size, rank, port, run_id))
     _tell_lightning(rank)
-    gc.collect()  # every rank starts from a collected heap (see tools/harness.py run_forked)
+    gc.collect()  # every rank starts from a collected heap (see tools/launch/harness.py run_forked)
     return rank
 
 

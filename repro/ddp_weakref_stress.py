@@ -45,7 +45,7 @@ sys.path.insert(1, str(HERE.parent))  # the workspace: tools.harness bounds ever
 import _launch  # noqa: E402
 from _contract import FAIL, Parser, UsageError, finish, import_lightning  # noqa: E402
 
-from tools import results  # noqa: E402  (atomic result files, shared with the workspace)
+from tools.core import results  # noqa: E402  (atomic result files, shared with the workspace)
 
 REPRO = "ddp_weakref_stress"
 SIGNATURE = "'NoneType' object has no attribute 'reducer'"
@@ -659,7 +659,7 @@ def main(argv=None) -> None:
         return
     if args.worker:
         worker(args)
-    from tools import stress  # the orchestration: runs under the harness, outcomes, summary
+    from tools.stages import stress  # the orchestration: runs under the harness, outcomes, summary
 
     try:
         stress.orchestrate(args, sys.modules[__name__])

@@ -90,10 +90,10 @@ def _quiet_env(monkeypatch, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory):
-    """One preloaded runner for the session's repro runs (tools/preloaded.py): torch and
+    """One preloaded runner for the session's repro runs (tools/launch/preloaded.py): torch and
     Lightning are imported once, every run is a fork, judged by the harness as a fresh one.
     tests/test_equivalence.py shows it gives the verdicts of new interpreters."""
-    from tools.preloaded import Runner
+    from tools.launch.preloaded import Runner
 
     with Runner(sys.executable, stderr=tmp_path_factory.mktemp("runner") / "stderr") as r:
         yield r

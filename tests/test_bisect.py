@@ -9,7 +9,10 @@ from pathlib import Path
 import git
 import pytest
 
-from tools import bisect, bisect_cli, bisect_options, bisect_tiers, envs, process_group
+from tools import bisect_cli
+from tools.environments import envs
+from tools.launch import process_group
+from tools.stages import bisect, bisect_options, bisect_tiers
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
 
@@ -519,7 +522,7 @@ def test_release_candidates_leave_out_yanked_prereleases_and_other_pythons():
 
     from packaging.version import Version
 
-    from tools import index
+    from tools.environments import index
 
     def rel(v, yanked=False, requires=None, tags=("py3",)):
         return index.Release(Version(v), datetime(2024, 1, 1, tzinfo=UTC), yanked, requires,
@@ -534,7 +537,7 @@ def test_release_candidates_leave_out_yanked_prereleases_and_other_pythons():
 
 
 def test_the_cached_clone_follows_a_tag_moved_in_the_source(tmp_path):
-    from tools import gitrange
+    from tools.stages import gitrange
 
     repo, shas = make_repo(tmp_path / "src-repo")
     clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
@@ -548,7 +551,7 @@ def test_a_local_repository_deleted_and_made_again_is_cloned_again(tmp_path, cap
     # the cached clone borrowed the objects of the first one ("bad object refs/heads/master")
     import shutil
 
-    from tools import gitrange
+    from tools.stages import gitrange
 
     make_repo(tmp_path / "src-repo")
     gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
@@ -566,7 +569,7 @@ def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsy
     in is made again too, not a raw InvalidGitRepositoryError on every later run."""
     import shutil
 
-    from tools import gitrange
+    from tools.stages import gitrange
 
     make_repo(tmp_path / "src-repo")
     clone = gitrange.open_repo(str(tmp_path / "src-repo"), tmp_path / "cache")
@@ -585,7 +588,9 @@ def test_the_worktrees_of_a_repository_made_again_are_made_again(tmp_path, capsy
 
 
 def test_with_hang_a_run_that_outlives_its_limit_is_bad(tmp_path, monkeypatch):
-    from tools import bisect_cli, bisect_tiers, harness
+    from tools import bisect_cli
+    from tools.launch import harness
+    from tools.stages import bisect_tiers
 
     cfg = bisect_cli.parse_args(["--script", "tests/corpus/skip_step_ddp.py", "--hang", "--timeout", "5",
                                  "--out", str(tmp_path)])

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_cli, gitrange
+from tools import bisect_cli
+from tools.stages import gitrange
 
 REPO = os.environ.get("LIGHTNING_REPO")
 PREDICATE = Path(__file__).parent / "fixtures" / "ddp_fit_tip.py"

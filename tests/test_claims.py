@@ -1,4 +1,4 @@
-"""The gate "claims" (``tools/claims.py``): every claim of a description names its evidence, and
+"""The gate "claims" (``tools/series/claims.py``): every claim of a description names its evidence, and
 the evidence holds."""
 
 import re
@@ -6,7 +6,7 @@ import re
 import git
 import pytest
 
-from tools import claims, patches
+from tools.series import claims, patches
 
 DESCRIPTION = "Fix the wrapper.\n\nThe hooks are kept\nacross the re-wrap, and the old check is gone."
 TEST = "tests/test_x.py::test_hooks_kept"

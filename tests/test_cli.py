@@ -76,8 +76,8 @@ def test_repro_cell_skips_the_other_cells_before_installing_them(tmp_path):
     assert not installed & {"torch", "pytorch_lightning"}, installed
 
 
-@pytest.mark.parametrize("module", ["bisect_options", "minimize.options", "triage", "validate_patches",
-                                    "fingerprint", "cells"])
+@pytest.mark.parametrize("module", ["stages.bisect_options", "minimize.options", "triage", "validate_patches",
+                                    "fingerprint", "stages.cells"])
 def test_every_option_has_a_help_text(module):
     import importlib
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_options, bisect_tiers, gitrange
+from tools.stages import bisect_options, bisect_tiers, gitrange
 
 REPO = os.environ.get("LIGHTNING_REPO")
 

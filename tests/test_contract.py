@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tools import contract
+from tools.core import contract
 
 
 def line(code, **extra):

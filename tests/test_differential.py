@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, sandbox, triage
-from tools.launcher import Launcher, Run
+from tools import triage
+from tools.core import contract
+from tools.launch import sandbox
+from tools.launch.launcher import Launcher, Run
 from tools.triage.differential import Predicate, predicate, worked_release
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,7 +145,8 @@ def test_a_run_that_exits_0_and_prints_the_bad_output_is_bad_and_only_that_one(t
 
 
 def test_the_bisect_takes_bad_output_as_its_judge_and_keys_its_verdicts_by_it(tmp_path):
-    from tools import bisect_cli, bisect_tiers
+    from tools import bisect_cli
+    from tools.stages import bisect_tiers
 
     repro = tmp_path / "r.py"
     repro.write_text("print('x')\n")
@@ -167,7 +170,8 @@ def test_a_differential_that_finds_nothing_the_report_shows_says_why_and_asks(tm
     monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)
     monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage.sandbox, "unavailable", lambda: None)
-    from tools import bisect_tiers, harness
+    from tools.launch import harness
+    from tools.stages import bisect_tiers
 
     monkeypatch.setattr(bisect_tiers, "release_env", lambda *a, **k: Path(sys.executable))
     logs = tmp_path / "said.txt"
@@ -205,7 +209,7 @@ def test_the_bad_output_of_a_job_of_several_nodes_is_read_from_each_nodes_logs(t
     """A job's result (``tools.nodes``) has no streams of its own: each node's logs are read."""
     from types import SimpleNamespace
 
-    from tools.launcher import printed
+    from tools.launch.launcher import printed
     from tools.triage.differential import output
 
     stem = tmp_path / "run-1"

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import bisect_options, cells, contract, fingerprint, triage, validate_patches
+from tools import fingerprint, triage, validate_patches
+from tools.core import contract
 from tools.minimize import options as minimize_options
+from tools.stages import bisect_options, cells
 
 ROOT = Path(__file__).resolve().parent.parent
 PARSERS = {"bisect": bisect_options.parser, "minimize": minimize_options.parser, "triage": triage.parser,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from packaging.version import Version
 
-from tools import envs, index
+from tools.environments import envs, index
 
 
 def fake_release(day, version="2.4.1"):
@@ -165,7 +165,7 @@ def test_environments_made_by_the_tools_are_compiled(tmp_path, monkeypatch):
     monkeypatch.setattr(envs, "ENVS", tmp_path / "envs")
     python = envs.ensure("compiled-check", ["packaging"])
     assert _uncompiled(str(python), ["packaging"]) == []
-    from tools import patched
+    from tools.series import patched
 
     python = patched.throwaway(["packaging"], tmp_path / "throwaway")
     assert _uncompiled(str(python), ["packaging"]) == []

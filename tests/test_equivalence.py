@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from tools import cells, matrix
+from tools.environments import matrix
+from tools.stages import cells
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -18,7 +18,9 @@ import pytest
 from conftest import ROOT, alive
 from test_bisect import FIXTURE, cli, make_repo, no_envs  # noqa: F401  (fixture)
 
-from tools import bisect, bisect_cli, bisect_options, bisect_tiers, gitrange, results, run
+from tools import bisect_cli, run
+from tools.core import results
+from tools.stages import bisect, bisect_options, bisect_tiers, gitrange
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
 
@@ -198,14 +200,14 @@ def test_tools_run_crash_of_the_harness_is_128(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    from tools import harness
+    from tools.launch import harness
 
     monkeypatch.setattr(harness, "run", boom)
     assert run.entry(["--", "true"]) == 128
 
 
 def test_non_utf8_output_of_a_repro_is_judged(tmp_path):
-    from tools import harness
+    from tools.launch import harness
 
     path = tmp_path / "s.py"
     path.write_text("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe bytes\\n')\n"
@@ -324,7 +326,7 @@ def test_a_full_disk_while_saving_the_state_is_one_line_128_and_keeps_the_earlie
         tmp_path, capsys, monkeypatch):
     import errno
 
-    from tools import results
+    from tools.core import results
 
     names = [f"1.{i}.0" for i in range(8)]
     monkeypatch.setattr(bisect_tiers, "candidate_releases", lambda cfg: names)
@@ -370,7 +372,8 @@ def test_an_unwritable_results_folder_names_its_path(tmp_path, capsys, monkeypat
 
 
 def test_nox_repro_with_a_results_folder_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, monkeypatch):
-    from tools import cells, contract, results
+    from tools.core import contract, results
+    from tools.stages import cells
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "file"))
@@ -380,9 +383,9 @@ def test_nox_repro_with_a_results_folder_that_cannot_be_made_is_one_line_and_exi
 
 
 def test_a_slurm_tasks_exit_code_is_its_own_job_s_never_a_late_writer_s(tmp_path):
-    """A task's shell writes "<job id> <exit code>" as it ends (tools/slurm_jobs.py); a job left
+    """A task's shell writes "<job id> <exit code>" as it ends (tools/launch/slurm_jobs.py); a job left
     behind by an earlier wait on the same log path, writing late, must not end a new wait."""
-    from tools import slurm_jobs
+    from tools.launch import slurm_jobs
 
     mark = tmp_path / "step.rc"
     script = f"{slurm_jobs.NOTE_JOB}rc={mark}\nsh -c 'exit 3'\n{slurm_jobs.RECORD_EXIT}"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import findings
+from tools.records import findings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -220,12 +220,12 @@ def test_a_data_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, monk
 
 
 def patches_run(base: Path, stamp: str, rows: list[dict]) -> Path:
-    from tools import validate_patches
+    from tools.series import series_gates
 
     run = base / "patches" / stamp
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps(rows, indent=2))
-    (run / "summary.md").write_text(validate_patches.summary(rows))
+    (run / "summary.md").write_text(series_gates.summary(rows))
     return run
 
 

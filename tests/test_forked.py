@@ -1,7 +1,7 @@
 """Forked runs keep every guarantee of fresh ones: verdicts, logs, the whole group killed, no orphan.
 
 ``harness.run_forked`` (a run as a fork of the calling process), ``repro/_launch.py`` (ranks forked
-with torchrun's environment) and ``tools/preloaded.py`` (one import for many runs).
+with torchrun's environment) and ``tools/launch/preloaded.py`` (one import for many runs).
 """
 
 import json
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import alive
 
-from tools import harness, preloaded
+from tools.launch import harness, preloaded
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
 
@@ -185,7 +185,8 @@ def test_the_trials_of_a_bisect_step_share_one_runner_and_a_new_candidate_gets_i
         tmp_path, monkeypatch):
     import dataclasses
 
-    from tools import bisect_cli, bisect_tiers
+    from tools import bisect_cli
+    from tools.stages import bisect_tiers
 
     script = tmp_path / "job.py"
     script.write_text(JOB)

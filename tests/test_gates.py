@@ -1,4 +1,4 @@
-"""Lightning's static gates (tools/gates.py) on small synthetic trees, and mypy on a real Lightning
+"""Lightning's static gates (tools/series/gates.py) on small synthetic trees, and mypy on a real Lightning
 checkout when LIGHTNING_REPO is set. mypy and ruff run for real at the versions the trees pin."""
 
 import difflib
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, gates, gitrange, patched, patches
+from tools.core import contract
+from tools.series import gates, patched, patches
+from tools.stages import gitrange
 
 MYPY = "1.20.0"
 RUFF = "0.15.9"

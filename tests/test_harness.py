@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import ROOT, alive
 
-from tools import contract, harness
+from tools.core import contract
+from tools.launch import harness
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "dead_peer.py")
 

@@ -1,7 +1,8 @@
 import pytest
 
-from tools import cells, matrix
-from tools.matrix import ROOT
+from tools.environments import matrix
+from tools.environments.matrix import ROOT
+from tools.stages import cells
 
 
 def write(tmp_path, text):

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract
 from tools import minimize as m
-from tools.bisect import State
+from tools.core import contract
 from tools.minimize import options as m_options
 from tools.minimize import oracle as m_oracle
 from tools.minimize import search as m_search
 from tools.minimize import source as m_source
+from tools.stages.bisect import State
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGNATURE = "'NoneType' object has no attribute 'reducer'"
@@ -425,7 +425,7 @@ def test_an_interrupt_as_the_best_is_saved_lands_after_both_of_its_writes(tmp_pa
     """best.json (what a resume reads) and best/ (what the interrupt's message points at) agree:
     a signal that comes between the two writes waits for the second (seen in a warm run of the
     signal test below, which sends its signal as soon as best.json shows an improvement)."""
-    from tools import results
+    from tools.core import results
 
     real = results.write_json
 
@@ -687,7 +687,7 @@ def test_a_full_disk_under_out_is_one_line_never_a_traceback(tmp_path, monkeypat
     # harness failure (128) that says where the best so far is
     import errno
 
-    from tools import results
+    from tools.core import results
 
     script = project(tmp_path)
     out = tmp_path / "out"

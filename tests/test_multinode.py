@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import run_repro
 
-from tools import contract, harness, nodes
+from tools.core import contract
+from tools.launch import harness, nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.ddp, pytest.mark.timeout(600)]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, nodes
+from tools.core import contract
+from tools.launch import nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,7 +115,7 @@ def test_the_command_line_prints_the_result_as_json(worker, tmp_path):
 
 
 def test_a_matrix_says_how_each_repro_runs_on_several_nodes(tmp_path):
-    from tools import matrix
+    from tools.environments import matrix
 
     m = matrix.load()
     assert {r.name: r.multinode for r in m.repros}["20340"] == "torchrun"
@@ -126,7 +127,8 @@ def test_a_matrix_says_how_each_repro_runs_on_several_nodes(tmp_path):
 
 
 def test_a_one_node_repro_is_a_not_run_row_with_several_nodes(tmp_path, monkeypatch):
-    from tools import cells, matrix
+    from tools.environments import matrix
+    from tools.stages import cells
 
     path = tmp_path / "m.toml"
     path.write_text('torch = ["2.13.0"]\n[lightning]\npytorch-lightning = ["2.6.6"]\n'
@@ -146,7 +148,7 @@ def test_a_one_node_repro_is_a_not_run_row_with_several_nodes(tmp_path, monkeypa
     (["--executor", "pbs"], "invalid choice"),
 ])
 def test_bad_node_options_are_refused(args, message, capsys):
-    from tools import cells
+    from tools.stages import cells
 
     with pytest.raises(SystemExit) as exc:
         cells.parse_posargs(args)
@@ -188,7 +190,8 @@ def test_rank_0_good_with_a_failed_peer_on_its_node_is_cannot_test(tmp_path):
 def test_inside_a_multi_node_allocation_srun_launches_the_torchrun_repros(tmp_path, monkeypatch):
     """The branch of a SLURM job of several nodes, with a stand-in ``srun`` on PATH (the local
     cluster has one node): srun's merged output and highest exit code are judged as rank 0's."""
-    from tools import cells, matrix
+    from tools.environments import matrix
+    from tools.stages import cells
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -1,4 +1,4 @@
-"""The gate "open upstream work" (``tools/open_work.py``) on a small git repository whose pull
+"""The gate "open upstream work" (``tools/series/open_work.py``) on a small git repository whose pull
 requests' heads are ``refs/pull/N/head``, as on a GitHub mirror: which PRs count as unmerged,
 which ones matter to a patch, and where the patch stands beside each."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import git
 import pytest
 
-from tools import open_work
+from tools.series import open_work
 
 DAY = 86400
 BASE = 1_780_000_000  # master's newest commit (seconds since the epoch)

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import harness, matrix, patches, series_gates
-from tools.preloaded import Runner
+from tools.environments import matrix
+from tools.launch import harness
+from tools.launch.preloaded import Runner
+from tools.series import patches, series_gates
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -195,7 +197,7 @@ def test_applied_code_runs_even_where_bytecode_is_not_checked_against_its_source
 
 
 def test_a_throwaway_environment_gets_the_cells_bytecode_linked_not_compiled(tmp_path):
-    from tools import envs
+    from tools.environments import envs
 
     cell, other = tmp_path / "cell", tmp_path / "other"
     for site in (cell, other):
@@ -257,7 +259,7 @@ def test_a_patch_that_also_changes_fabric_lands_in_both_packages(tmp_path):
 def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
     import torch as torch_module
 
-    from tools import envs
+    from tools.environments import envs
 
     (patch,) = [p for p in patches.series() if p.target == "torch"]
     script, *args = patch.repro
@@ -381,7 +383,7 @@ def test_the_torch_patch_carries_a_test_in_torchs_layout():
 
 
 def test_unittest_counts_read_torch_style_test_files(tmp_path):
-    from tools import series_gates
+    from tools.series import series_gates
 
     (tmp_path / "t.py").write_text(
         "import unittest\n"
@@ -427,7 +429,8 @@ def test_a_row_that_cannot_be_built_is_a_failed_row_not_a_crash(tmp_path, monkey
 
 
 def test_pr_bundle_refuses_a_patch_that_has_not_validated(tmp_path, monkeypatch, capsys):
-    from tools import pr_bundle, results
+    from tools import pr_bundle
+    from tools.core import results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     (patch,) = patches.named("lightning-ddp-rewrap-on-trainable-change.patch")
@@ -478,7 +481,8 @@ def series_folder(tmp_path, monkeypatch, series: bytes, files: dict[str, bytes])
 def test_a_bad_series_is_one_line_and_exit_2_for_both_tools(tmp_path, monkeypatch, capsys, series, files,
                                                             message):
     """Read and checked up front, before any environment is made or anything is written."""
-    from tools import pr_bundle, results, validate_patches
+    from tools import pr_bundle, validate_patches
+    from tools.core import results
 
     folder = series_folder(tmp_path, monkeypatch, series, {"ok.patch": GOOD, **files})
     (folder / "sub").mkdir()
@@ -522,7 +526,7 @@ def test_hunks_as_git_and_diff_write_them_parse(tmp_path, diff):
 
 def validated(results_dir: Path, patch, folder: str = "1", **changes) -> Path:
     """A summary.json of ``nox -s patches`` in which every cell of ``patch`` is as required."""
-    from tools import results
+    from tools.core import results
 
     rows = [{"patch": patch.name, "cell": c, "ok": True, "applies": "applies", "before": "bad",
              "after": "good", "after_detail": "in sync", "upstream_tests": "4 failed; 31 passed", **changes}
@@ -534,7 +538,8 @@ def validated(results_dir: Path, patch, folder: str = "1", **changes) -> Path:
 
 @pytest.mark.parametrize("case", ["bisect-missing", "bisect-a-folder", "not-json", "not-a-list", "row-shape"])
 def test_pr_bundle_checks_every_input_before_writing_anything(tmp_path, monkeypatch, capsys, case):
-    from tools import pr_bundle, results
+    from tools import pr_bundle
+    from tools.core import results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.delenv("LIGHTNING_REPO", raising=False)
@@ -569,7 +574,8 @@ def test_pr_bundle_checks_every_input_before_writing_anything(tmp_path, monkeypa
 
 def test_pr_bundle_reads_only_the_runs_it_needs(tmp_path, monkeypatch, capsys):
     """The newest run has every cell: an older, broken summary is not read."""
-    from tools import pr_bundle, results
+    from tools import pr_bundle
+    from tools.core import results
 
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.delenv("LIGHTNING_REPO", raising=False)
@@ -583,7 +589,8 @@ def test_pr_bundle_reads_only_the_runs_it_needs(tmp_path, monkeypatch, capsys):
 
 
 def test_pr_bundle_needs_an_issue_to_fix(tmp_path, monkeypatch, capsys):
-    from tools import pr_bundle, results
+    from tools import pr_bundle
+    from tools.core import results
 
     text = GOOD.replace(b"Bug: https://example.com/1", b"Bug: https://example.com/discussions/1")
     series_folder(tmp_path, monkeypatch, b"ok.patch\n", {"ok.patch": text})
@@ -746,7 +753,7 @@ def test_after_the_first_interrupt_the_cleanup_is_not_cut_short():
         signal.signal(signal.SIGTERM, before[1])
 
 
-# -- the gates: existing tests, flakiness, tools/gates.py, the table --------------------------
+# -- the gates: existing tests, flakiness, tools/series/gates.py, the table --------------------------
 
 OLD_TEXT = """import pytest
 
@@ -780,7 +787,7 @@ TEST_DIFF = "".join(difflib.unified_diff(OLD_TEXT.splitlines(True), NEW_TEXT.spl
 
 
 def test_the_lines_a_diff_adds_are_numbered_as_in_the_new_file():
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     assert TEST_DIFF.count("@@ ") == 2  # two hunks
     added = ut.added_lines(TEST_DIFF)
@@ -792,7 +799,7 @@ def test_the_lines_a_diff_adds_are_numbered_as_in_the_new_file():
 
 
 def test_new_tests_are_found_and_the_multi_process_ones_picked(tmp_path):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     path = TEST_PATH
     found = ut.added_tests(path, TEST_DIFF, NEW_TEXT)
@@ -820,13 +827,13 @@ def test_new_tests_are_found_and_the_multi_process_ones_picked(tmp_path):
     ("def test_ddp_kwargs(): pass", False),
 ])
 def test_the_multi_process_rule(source, several):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     assert ut.is_multi_process(source) is several
 
 
 def test_covering_tests_are_the_existing_test_modules_of_each_source_module(tmp_path):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     for rel in ("strategies/test_ddp.py", "strategies/test_ddp_integration.py", "strategies/test_ddp_x.txt",
                 "strategies/test_ddpx.py", "callbacks/test_finetuning_callback.py", "test_cli.py"):
@@ -857,7 +864,7 @@ JUNIT = "\n".join([
 
 
 def test_a_junit_report_gives_one_outcome_per_node_id(tmp_path):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     (tmp_path / "r.xml").write_text(JUNIT)
     assert ut.read_junit(tmp_path / "r.xml") == {
@@ -869,7 +876,7 @@ def test_a_junit_report_gives_one_outcome_per_node_id(tmp_path):
 
 
 def test_regressions_compare_per_node_id_not_counts():
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     before = {"a": "passed", "b": "passed", "c": "failed", "d": "passed", "e": "passed", "f": "skipped"}
     after = {"a": "passed", "b": "failed", "c": "passed", "e": "skipped", "f": "failed", "new": "passed"}
@@ -889,7 +896,7 @@ def fake_tree(root: Path, tests: dict[str, str]) -> Path:
 
 def test_the_existing_tests_gate_fails_when_a_test_that_passed_breaks(tmp_path):
     """Real pytest runs on two small trees; the per-test comparison, not the summary line."""
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     ok = "def test_one():\n    pass\n\ndef test_two():\n    pass\n\ndef test_three():\n    assert False\n"
     broken = ok.replace("def test_two():\n    pass", "def test_two():\n    assert False").replace(
@@ -913,8 +920,8 @@ def test_the_existing_tests_gate_fails_when_a_test_that_passed_breaks(tmp_path):
 
 
 def test_a_child_that_died_is_named_in_the_test_gates():
-    from tools import series_gates
-    from tools import upstream_tests as ut
+    from tools.series import series_gates
+    from tools.series import upstream_tests as ut
 
     file = "tests/tests_pytorch/strategies/test_x.py"
     before = ut.Report({f"{file}::test_a": "passed", f"{file}::test_b[1]": "passed"}, 0)
@@ -960,7 +967,7 @@ def test_two_processes():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("abort_on", [0, 2], ids=["steady", "child-aborts-on-run-2"])
 def test_the_flaky_gate_counts_failed_runs_and_names_a_childs_sigabrt(tmp_path, monkeypatch, abort_on):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     tree = fake_tree(tmp_path / "tree", {"test_mp.py": FLAKY_TEST})
     node = "tests/tests_pytorch/test_mp.py::test_two_processes"
@@ -992,7 +999,7 @@ def test_the_flaky_gate_counts_failed_runs_and_names_a_childs_sigabrt(tmp_path, 
     (4, "ERROR: file or directory not found", [], "exit 4, no report"),
 ])
 def test_a_failed_run_says_how_it_failed(returncode, output, failing, expected):
-    from tools import upstream_tests as ut
+    from tools.series import upstream_tests as ut
 
     report = ut.Report({node: "failed" for node in failing}, returncode, output, reported=bool(failing))
     assert ut.run_failed(report)
@@ -1001,8 +1008,8 @@ def test_a_failed_run_says_how_it_failed(returncode, output, failing, expected):
 
 
 def test_torch_style_tests_repeat_by_class_and_name(tmp_path, monkeypatch):
-    from tools import series_gates
-    from tools import upstream_tests as ut
+    from tools.series import series_gates
+    from tools.series import upstream_tests as ut
 
     test = tmp_path / "test" / "distributed" / "test_t.py"
     test.parent.mkdir(parents=True)
@@ -1025,7 +1032,7 @@ def fake_gates(monkeypatch, **results):
 
     from tools import validate_patches
 
-    module = pytypes.ModuleType("tools.gates")
+    module = pytypes.ModuleType("tools.series.gates")
     module.Gate = lambda name, ok, text, details="": pytypes.SimpleNamespace(name=name, ok=ok, text=text,
                                                                              details=details)
     calls = {}
@@ -1041,10 +1048,10 @@ def fake_gates(monkeypatch, **results):
     module.lint = lambda after, changed, log=print, before=None: answer("lint", after, changed, before)
     module.license_headers = lambda after, added: answer("license", after, added)
     module.changelog = lambda patch, after: answer("changelog", patch, after)
-    import tools
+    import tools.series
 
-    monkeypatch.setitem(sys.modules, "tools.gates", module)
-    monkeypatch.setattr(tools, "gates", module, raising=False)
+    monkeypatch.setitem(sys.modules, "tools.series.gates", module)
+    monkeypatch.setattr(tools.series, "gates", module, raising=False)
     return validate_patches, calls
 
 
@@ -1064,7 +1071,8 @@ def test_the_gates_of_tools_gates_plug_in_fail_and_pass(tmp_path, monkeypatch):
 
 def test_a_torch_patch_without_a_test_fails_and_so_does_one_whose_test_change_cannot_be_run(
         tmp_path, monkeypatch):
-    from tools import series_gates, validate_patches
+    from tools import validate_patches
+    from tools.series import series_gates
 
     monkeypatch.setattr(validate_patches.envs, "install_args", lambda *a: pytest.fail("an env was made"))
     cell = matrix.load().cells[0]
@@ -1080,7 +1088,7 @@ def test_a_torch_patch_without_a_test_fails_and_so_does_one_whose_test_change_ca
 
 
 def test_the_files_a_patch_creates(tmp_path):
-    from tools import series_gates
+    from tools.series import series_gates
 
     new = ("diff --git a/torch/new.py b/torch/new.py\nnew file mode 100644\n--- /dev/null\n"
            "+++ b/torch/new.py\n@@ -0,0 +1 @@\n+x = 1\n")
@@ -1090,15 +1098,15 @@ def test_the_files_a_patch_creates(tmp_path):
 
 
 def test_without_tools_gates_its_gates_say_so(tmp_path, monkeypatch):
-    import tools
-    from tools import series_gates
+    import tools.series
+    from tools.series import series_gates
 
-    monkeypatch.setitem(sys.modules, "tools.gates", None)
-    monkeypatch.delattr(tools, "gates", raising=False)
+    monkeypatch.setitem(sys.modules, "tools.series.gates", None)
+    monkeypatch.delattr(tools.series, "gates", raising=False)
     (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
     gates = series_gates.other_gates(patch, tmp_path, tmp_path, tmp_path)
     assert set(gates) == {"types", "lint", "license", "changelog"}
-    assert all(g == {"ok": True, "text": "not run: no tools/gates.py"} for g in gates.values())
+    assert all(g == {"ok": True, "text": "not run: no tools/series/gates.py"} for g in gates.values())
 
 
 def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_it(tmp_path, monkeypatch,
@@ -1317,8 +1325,8 @@ def test_takes_either_error(tmp_path):
 def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_patches_torch(tmp_path):
     """The series together across targets: the gate runs a Lightning patch's new tests on a
     torch with the series' torch patch, which turns the AttributeError into a RuntimeError."""
-    from tools import series_gates
-    from tools import upstream_tests as ut
+    from tools.series import series_gates
+    from tools.series import upstream_tests as ut
 
     tree = tmp_path / "tree"
     (tree / "tests" / "tests_pytorch").mkdir(parents=True)
@@ -1344,7 +1352,8 @@ def test_a_lightning_test_that_expects_torchs_old_error_fails_once_the_series_pa
 def test_an_interrupt_after_a_row_keeps_both_tables(tmp_path, monkeypatch, capsys):
     """The rows done before Ctrl-C are kept in summary.json and summary.md (what `nox -s findings
     -- --record` reads), not only in the JSON."""
-    from tools import results, validate_patches
+    from tools import validate_patches
+    from tools.core import results
 
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(results, "_MADE", {})

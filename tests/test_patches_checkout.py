@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import gitrange, matrix, patched, patches, series_gates, validate_patches
+from tools import validate_patches
+from tools.environments import matrix
+from tools.series import patched, patches, series_gates
+from tools.stages import gitrange
 
 REPO = os.environ.get("LIGHTNING_REPO")
 pytestmark = pytest.mark.skipif(not REPO, reason="set LIGHTNING_REPO to a Lightning git checkout")
@@ -88,7 +91,7 @@ def series_with_a_breaking_patch(tmp_path, repo) -> list[patches.Patch]:
 
 
 def existing_tests_gate(monkeypatch, patch, out):
-    """``upstream()`` as ``nox -s patches`` runs it for one patch, tools/gates.py's gates left out."""
+    """``upstream()`` as ``nox -s patches`` runs it for one patch, tools/series/gates.py's gates left out."""
     monkeypatch.setattr(series_gates, "_UPSTREAM", {})
     monkeypatch.setattr(series_gates, "other_gates", lambda *a, **k: {
         name: {"ok": True, "text": "not run here"} for name in series_gates.OTHER_GATES})
@@ -129,7 +132,7 @@ def test_the_open_upstream_work_of_a_patch_on_the_real_history():
     """The unmerged PRs of the real mirror that matter to a patch: each one's head is in the
     clone, is no ancestor of master, has no squash commit there, and shares a file that is no
     CHANGELOG (or names the issue); where the patch stands beside it was checked."""
-    from tools import open_work
+    from tools.series import open_work
 
     (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
     repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
@@ -155,7 +158,7 @@ def test_every_cited_line_and_commit_of_the_claims_holds_at_master(tmp_path):
     in the torch this suite runs on, the upstream tests' torch)."""
     import torch
 
-    from tools import claims
+    from tools.series import claims
 
     repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src",))

@@ -6,7 +6,10 @@ import re
 
 import pytest
 
-from tools import comments, findings, gates, patches, pr_bundle, results
+from tools import pr_bundle
+from tools.core import results
+from tools.records import comments, findings
+from tools.series import gates, patches
 
 FIELDS = """Forwarded: no
 Origin: other

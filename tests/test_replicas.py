@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from tools import contract
-from tools.launcher import INJECT
+from tools.core import contract
+from tools.launch.launcher import INJECT
 
 FIXTURES = "tests/fixtures/replicas"
 
@@ -215,7 +215,7 @@ def test_reports_of_several_processes_merge_to_one_verdict():
 def test_a_malformed_replica_report_is_no_report_never_a_crash():
     """The code under test can write into the report folder: a report of the wrong shape counts
     as none (the run then cannot pass), and the judge does not crash."""
-    from tools import contract
+    from tools.core import contract
 
     assert contract.merge_replica_reports([[1], {"rank": "0", "checks": 3}, "x"]) is None
     good = {"rank": 0, "checks": 2, "step": 4, "world": 2, "mechanism": "m", "diverged": None}

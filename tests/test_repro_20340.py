@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tools import harness
+from tools.launch import harness
 
 pytestmark = [pytest.mark.ddp, pytest.mark.timeout(300)]
 

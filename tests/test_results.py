@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tools import results
+from tools.core import results
 
 
 def test_write_atomic_leaves_old_file_on_failure(tmp_path):

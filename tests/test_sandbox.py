@@ -1,4 +1,4 @@
-"""The sandbox holds against the code it runs (``tools/sandbox.py``).
+"""The sandbox holds against the code it runs (``tools/launch/sandbox.py``).
 
 Each test is an attack a pasted script could make, run through the launcher as the triage runs
 a report's script (``Run(sandbox=True)``), and checked from the host: twice, once started by
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import harness, leftovers, sandbox
+from tools.launch import harness, leftovers, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = Path("/usr/bin/python3")

@@ -19,7 +19,10 @@ import pytest
 from conftest import alive, run_repro
 from filelock import FileLock
 
-from tools import cells, contract, matrix, nodes, slurm_cluster, slurm_jobs, slurm_matrix
+from tools.core import contract
+from tools.environments import matrix
+from tools.launch import nodes, slurm_cluster, slurm_jobs
+from tools.stages import cells, slurm_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 FINETUNE = str(ROOT / "repro" / "backbone_finetuning_ddp.py")
@@ -405,7 +408,8 @@ def test_a_round_of_probes_is_one_job_array_and_each_probe_gets_its_own_task(tmp
 def test_a_parallel_commit_bisect_on_slurm_runs_one_array_per_round(tmp_path, monkeypatch, capsys):
     import test_bisect
 
-    from tools import bisect_options, envs
+    from tools.environments import envs
+    from tools.stages import bisect_options
 
     monkeypatch.setattr(envs, "ensure", lambda name, args, python="3.11", log=None: Path(sys.executable))
     monkeypatch.setattr(envs, "plan", test_bisect.fake_plan)

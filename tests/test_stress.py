@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import load_repro, run_repro
 
-from tools import stress as orchestration
+from tools.stages import stress as orchestration
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "repro" / "ddp_weakref_stress.py"

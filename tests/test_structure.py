@@ -14,8 +14,14 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 MODULES = {".".join(p.relative_to(TOOLS).with_suffix("").parts).removesuffix(".__init__"): p
            for p in TOOLS.rglob("*.py") if p.parent == TOOLS and p.stem != "__init__"
            or (p.parent / "__init__.py").is_file() and p.parent != TOOLS and p.stem != "__main__"}
-# the launcher and what it stands on; stress.py runs the catalogue's forked workers inside its repro
-LAUNCH_FLOORS = {"launcher", "harness", "preloaded", "nodes", "slurm_jobs", "stress"}
+# the launcher and what it stands on (tools/launch/, and the contract under it); stress runs the
+# catalogue's forked workers inside its repro
+LAUNCH_FLOORS = {name for name in MODULES if name.split(".")[0] in ("launch", "core")} | {"stages.stress"}
+# the floors, from the bottom: a module imports only from its own folder and the folders below it;
+# the programs in tools/ itself stand on all of them, and no floor imports a program
+FLOORS = ["core", "launch", "environments", "stages", "series", "records"]
+PROGRAMS = {"bisect_cli", "fingerprint", "findings", "minimize", "nodes", "pr_bundle", "run", "sessions",
+            "triage", "validate_patches"}
 STARTS_A_RUN = {("harness", "run"), ("harness", "run_forked"), ("nodes", "run_job"),
                 ("slurm_jobs", "run"), ("preloaded", "Runner")}
 
@@ -129,3 +135,25 @@ def test_no_module_or_function_is_too_long_to_read():
                 if size > FUNCTION_LINES and ONE_PIECE not in (ast.get_docstring(node) or ""):
                     long.append(f"{name}.{node.name}: {size} lines")
     assert long == []
+
+
+def test_the_folders_are_the_floors_and_an_import_only_goes_down():
+    upward = []
+    for name, path in MODULES.items():
+        folder = name.split(".")[0]
+        mine = FLOORS.index(folder) if folder in FLOORS else len(FLOORS)  # a program: the top
+        for dep in imports(path) & set(MODULES):
+            theirs = dep.split(".")[0]
+            level = FLOORS.index(theirs) if theirs in FLOORS else len(FLOORS)
+            if level > mine:
+                upward.append(f"{name} -> {dep}")
+    assert upward == []
+
+
+def test_every_module_of_tools_lives_on_a_floor_or_is_a_program():
+    """A new module goes into the folder of its floor; only programs (``python -m tools.X``, the
+    sessions' entry points) sit in tools/ itself."""
+    programs = {p.stem for p in TOOLS.glob("*.py") if p.stem != "__init__"}
+    programs |= {p.name for p in TOOLS.iterdir() if p.is_dir() and p.name not in FLOORS
+                 and (p / "__init__.py").is_file()}
+    assert programs <= PROGRAMS, programs - PROGRAMS

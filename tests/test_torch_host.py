@@ -4,7 +4,7 @@ import ast
 
 import pytest
 
-from tools import patches, torch_host
+from tools.series import patches, torch_host
 
 SECTION = """diff --git a/test/distributed/test_x.py b/test/distributed/test_x.py
 --- a/test/distributed/test_x.py

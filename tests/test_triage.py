@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import contract, sandbox, triage
-from tools.launcher import Launcher, Run
+from tools import triage
+from tools.core import contract
+from tools.launch import sandbox
+from tools.launch.launcher import Launcher, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 ISSUES = ROOT / "tests" / "fixtures" / "issues"
@@ -301,7 +303,7 @@ def test_a_snippet_without_imports_is_completed_and_run(tmp_path, monkeypatch):
     """Lightning's names used without imports, a module with no data of its own: completed
     against the release's exports, shown as a diff, run, and the verdict labelled as on a
     completed snippet."""
-    from tools import bisect_tiers
+    from tools.stages import bisect_tiers
 
     monkeypatch.setattr(triage.runs, "newest_release", lambda package: "2.6.6")
     monkeypatch.setattr(triage.runs, "resolve", lambda package, version: version)

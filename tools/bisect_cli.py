@@ -21,12 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools import bisect_options, contract, index, results
-from tools.bisect import State
-from tools.bisect_options import EXIT, Config, log, parse_args
-from tools.bisect_report import report
-from tools.bisect_tiers import ENV_NOTES, close_launcher, commit_tier, release_ends, release_tier
-from tools.contract import BadInput
+from tools.core import contract, results
+from tools.core.contract import BadInput
+from tools.environments import index
+from tools.stages import bisect_options
+from tools.stages.bisect import State
+from tools.stages.bisect_options import EXIT, Config, log, parse_args
+from tools.stages.bisect_report import report
+from tools.stages.bisect_tiers import ENV_NOTES, close_launcher, commit_tier, release_ends, release_tier
 
 
 def writable(folder: Path | None, what: str) -> Path:

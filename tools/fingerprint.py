@@ -46,7 +46,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from tools import contract, index
+from tools.core import contract
+from tools.environments import index
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "wheels"
 WHOLE_WHEEL_MAX = 50 * 2**20  # wheels up to this size are downloaded whole (Lightning's are ~1 MB)
@@ -498,7 +499,7 @@ def main(argv=None) -> int:
         return 2
     repo = None
     if args.repo:
-        from tools import gitrange
+        from tools.stages import gitrange
 
         try:  # a path as it is; a URL cloned once into .cache, as the bisect does
             cache = Path(__file__).resolve().parent.parent / ".cache" / "repos"

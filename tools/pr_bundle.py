@@ -4,7 +4,7 @@ Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on curren
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``
 (``bugfix/<issue>_<name>``) and ``body.md`` (Lightning's PR template: ``Fixes #N``, what was
 wrong, what changed, the unmerged PRs that change the same files (with a checkout: where this
-change stands beside each, ``tools/open_work.py``), the before/after evidence, test evidence, its
+change stands beside each, ``tools/series/open_work.py``), the before/after evidence, test evidence, its
 claims and their evidence (``patches/claims.toml``, also printed), the CHANGELOG entry). Refuses with
 exit 2 when the patch has not validated (``nox -s patches``), an input cannot be read, or git has
 no identity for you (``user.name``, ``user.email``: the PR's author, whom the CLA check reads; the
@@ -12,7 +12,7 @@ series' own ``From:`` is a placeholder): every input is read and checked first, 
 is written atomically.
 
 Every run (also ``nox -s pr`` without a patch) writes ``results/pr/comments/``: a comment per
-upstream issue of the series and a new-issue draft for every bug without one (``tools/comments.py``),
+upstream issue of the series and a new-issue draft for every bug without one (``tools/records/comments.py``),
 quoting the recorded runs of FINDINGS.md.
 """
 
@@ -25,7 +25,9 @@ import re
 import sys
 from pathlib import Path
 
-from tools import claims, comments, contract, findings, gates, patches, results
+from tools.core import contract, results
+from tools.records import comments, findings
+from tools.series import claims, gates, patches
 
 ROOT = Path(__file__).resolve().parent.parent
 class BadInput(contract.BadInput):
@@ -90,10 +92,10 @@ def bisect_answer(path: str) -> str:
 
 def related_section(prs: list[dict] | None, master: str = "") -> list[str]:
     """The unmerged PRs that change the same files or name the issue: reviewers know them, and
-    the body says where this change stands beside each (``tools/open_work.py``)."""
+    the body says where this change stands beside each (``tools/series/open_work.py``)."""
     if not prs:
         return []
-    from tools import open_work
+    from tools.series import open_work
 
     named = [p for p in prs if p["names_issue"]]
     lines = ["### Related open work", "",
@@ -239,7 +241,8 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
     name = re.sub(r"^(lightning|torch)-", "", patch.path.stem).replace("-", "_")
     out = {"branch.txt": f"bugfix/{issue}_{name}\n"}
     if patch.target == "lightning" and os.environ.get("LIGHTNING_REPO"):
-        from tools import gitrange, open_work
+        from tools.series import open_work
+        from tools.stages import gitrange
 
         try:
             repo = gitrange.open_repo(os.environ["LIGHTNING_REPO"], ROOT / ".cache" / "repos")
@@ -259,7 +262,7 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
 
 def format_patch(patch: patches.Patch, who: tuple[str, str]) -> str:
     """The change committed on current master in a scratch worktree, as `git format-patch`."""
-    from tools import gitrange
+    from tools.stages import gitrange
 
     repo = gitrange.open_repo(os.environ["LIGHTNING_REPO"], ROOT / ".cache" / "repos")
     wt = gitrange.Worktree(repo, ROOT / ".cache" / "worktrees" / "pr",

@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from tools import contract
-from tools.launcher import Launcher, Run
+from tools.core import contract
+from tools.launch.launcher import Launcher, Run
 
 
 def main(argv=None) -> int:

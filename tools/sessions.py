@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 
-from tools import harness
+from tools.launch import harness
 
 GRACE = 30.0  # seconds a tool gets to clean up after a forwarded signal, before SIGKILL
 
@@ -70,7 +70,7 @@ def run_main(session, fn) -> None:
     """Run ``fn()`` in nox's own process (a session without an environment) with the tools'
     conventions: bad input one line and exit 2, Ctrl-C/SIGTERM exit 130 after cleanup; exit nox
     with that code."""
-    from tools import contract
+    from tools.core import contract
 
     code = contract.run_main(lambda _argv: fn() or 0, [])
     if code:
@@ -82,7 +82,7 @@ def one_line_errors():
     """In a session that runs in nox's own process (``repro``): the tools' errors (bad input, a
     results folder that cannot be written, a harness failure) as one line and their exit code,
     not a traceback and nox's 1."""
-    from tools import contract
+    from tools.core import contract
 
     try:
         yield

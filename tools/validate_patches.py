@@ -12,9 +12,9 @@ row). With a Lightning checkout (``LIGHTNING_REPO``) each Lightning patch is app
 at its ``X-Base`` and at master, and Lightning's own tests run at master: the patch's new tests
 must fail without it and its test files pass with it; the existing tests covering what it changes
 must still pass (``upstream_tests.py``); its new multi-process tests must pass ``--repeat`` times;
-types, lint, license headers and the CHANGELOG entry come from ``tools/gates.py``; the
-unmerged PRs that change the same files or name the issue from ``tools/open_work.py``; the
-claims of the description and their evidence from ``tools/claims.py``.
+types, lint, license headers and the CHANGELOG entry come from ``tools/series/gates.py``; the
+unmerged PRs that change the same files or name the issue from ``tools/series/open_work.py``; the
+claims of the description and their evidence from ``tools/series/claims.py``.
 
     nox -s patches [-- --patch NAME] [--cell ID] [--repeat K]
                    [--script PATH (--signature REGEX | --verdict-line | --check-replicas)]
@@ -39,10 +39,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import claims, contract, envs, harness, matrix, patches, results
-from tools.launcher import How, Launcher, Run
-from tools.patched import patched_env, run, scratch, site_packages
-from tools.series_gates import GATES, REPEAT, upstream
+from tools.core import contract, results
+from tools.environments import envs, matrix
+from tools.launch import harness
+from tools.launch.launcher import How, Launcher, Run
+from tools.series import claims, patches
+from tools.series.patched import patched_env, run, scratch, site_packages
+from tools.series.series_gates import REPEAT, summary, upstream
 
 TRIES = 3  # runs of a user's script that keeps dying of a signal before its row says "skip"
 
@@ -124,27 +127,6 @@ def holds(verdict: str, expected: str) -> bool:
 
 def detail(result: harness.RunResult) -> str | None:
     return ((result.record or {}).get("details") or {}).get("summary") or result.reason
-
-
-def summary(rows: list[dict]) -> str:
-    head = ["patch", "cell", "applies (wheel; checkouts)", "before", "after", "earlier patches still",
-            *GATES, "ok"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        still = ", ".join(f"{n.split('.')[0]}: {v}" for n, v in r["series_still_fixed"].items()) or "-"
-        before = r["before"] + (f": {r['before_detail']}" if r.get("before_detail") else "")
-        gates = r.get("gates") or {}
-        cells = [r["patch"], r["cell"], f"{r['applies']}; {r['checkouts']}", before,
-                 f"{r['after']}: {r['after_detail']}", still, *(gate_text(gates.get(n)) for n in GATES),
-                 "yes" if r["ok"] else "NO"]
-        lines.append("| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def gate_text(g: dict | None) -> str:
-    if g is None:
-        return "-"
-    return g["text"] if g["ok"] else f"FAILS: {g['text']}"
 
 
 def plan(patch: str | None, cell: str | None) -> tuple[list[patches.Patch], dict, list[tuple]]:

@@ -54,9 +54,8 @@ import sys
 import time
 from pathlib import Path
 
-from tools import contract, results
-from tools.bisect import State
-from tools.contract import BadInput
+from tools.core import contract, results
+from tools.core.contract import BadInput
 from tools.minimize.options import Config, parse_args, patched_lightning
 from tools.minimize.oracle import Oracle, clock, load_best, write_files
 from tools.minimize.report import report
@@ -68,6 +67,7 @@ from tools.minimize.source import (
     project_files,
     shown_size,
 )
+from tools.stages.bisect import State
 
 
 def minimize(cfg: Config, log=print) -> int:

@@ -9,8 +9,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import contract, envs, index, matrix, patches
-from tools.contract import BadInput
+from tools.core import contract
+from tools.core.contract import BadInput
+from tools.environments import envs, index, matrix
+from tools.series import patches
 
 DESCRIPTION = "Shrink a user's training script to the smallest program that still shows the bug's signature."
 

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, harness, results
-from tools.bisect import State, trials_for
-from tools.contract import BadInput, HarnessFailure
-from tools.launcher import How, Launcher, Run
+from tools.core import contract, results
+from tools.core.contract import BadInput, HarnessFailure
+from tools.launch import harness
+from tools.launch.launcher import How, Launcher, Run
 from tools.minimize.options import AUTO_RUNS, CANDIDATE_TIMEOUT, SLOWER, VALUE_SITES, BudgetSpent, Config
 from tools.minimize.passes.values import instrument, read_records
 from tools.minimize.source import (
@@ -31,6 +31,7 @@ from tools.minimize.source import (
     static_rejection,
     unbound_names,
 )
+from tools.stages.bisect import State, trials_for
 
 # -- the interestingness test --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import warnings
 
-from tools.contract import BadInput
+from tools.core.contract import BadInput
 from tools.minimize.options import BudgetSpent, Restart
 from tools.minimize.oracle import Oracle
 from tools.minimize.passes.calls import (

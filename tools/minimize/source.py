@@ -13,39 +13,9 @@ import re
 import shutil
 import subprocess
 import tokenize
-from pathlib import Path
 
-from tools.contract import BadInput
 from tools.minimize.options import MARK
-
-# -- the project: the script and the sibling modules it imports ----------------------------
-
-def project_files(script: Path) -> dict[str, str]:
-    """The script and, transitively, the ``.py`` files of its folder that it imports, by name
-    relative to that folder (the script first)."""
-    folder, found, todo = script.parent, {}, [script.name]
-    while todo:
-        name = todo.pop(0)
-        if name in found:
-            continue
-        try:
-            source = (folder / name).read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise BadInput(f"{name}: cannot read it ({err})") from None
-        try:
-            tree = ast.parse(source, filename=name)
-        except SyntaxError as err:
-            raise BadInput(f"{name}: not valid Python ({err.msg}, line {err.lineno})") from None
-        found[name] = source
-        for node in ast.walk(tree):
-            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                       [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
-                       else [])
-            for module in modules:
-                candidate = module.split(".")[0] + ".py"
-                if (folder / candidate).is_file():
-                    todo.append(candidate)
-    return found
+from tools.stages.project import project_files  # noqa: F401  (the minimizer's, too)
 
 
 def size(files: dict[str, str | None]) -> tuple[int, int]:

@@ -14,7 +14,7 @@ understood.
 2. **Run it safely**: pasted code is untrusted. A static check refuses downloads, shell-outs,
    ``eval``/``exec`` of built strings and writes outside the working folder (``--trust`` runs it
    anyway): a courtesy that explains a refusal early, never the defence. Every run is in the
-   sandbox (``tools/sandbox.py``: bubblewrap, nobody inside, loopback only, the system read-only,
+   sandbox (``tools/launch/sandbox.py``: bubblewrap, nobody inside, loopback only, the system read-only,
    a throwaway HOME, TMPDIR and folder on a size-limited tmpfs); where the machine cannot make
    one, nothing runs, unless ``--allow-unsandboxed`` says so. A
    GPU script is ported to the CPU (accelerator, ``.cuda()``, NCCL, 16-bit precision), shown as
@@ -50,9 +50,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tools import contract, envs, fingerprint, index, results, sandbox
-from tools.contract import BadInput, HarnessFailure
-from tools.launcher import How, Launcher
+from tools import fingerprint
+from tools.core import contract, results
+from tools.core.contract import BadInput, HarnessFailure
+from tools.environments import envs, index
+from tools.launch import sandbox
+from tools.launch.launcher import How, Launcher
 from tools.triage import comment, complete, locate, port, read, runs, signatures
 from tools.triage.progress import elapsed, progress
 

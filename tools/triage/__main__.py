@@ -2,7 +2,7 @@
 
 import sys
 
-from tools import contract
+from tools.core import contract
 from tools.triage import main
 
 sys.exit(contract.run_main(main))

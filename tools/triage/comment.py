@@ -210,7 +210,7 @@ def bisect_status(b: dict | None) -> str:
                 else f"regressed in {what}{first} (last good {last})")
         if com.get("status") == "found":
             sha = str(com.get("first_bad"))
-            from tools.gitrange import Commit
+            from tools.stages.gitrange import Commit
 
             pr = next((Commit(**c).pr for c in b["commits"].get("commits", []) if c.get("sha") == sha),
                       None)

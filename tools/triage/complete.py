@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import envs
+from tools.environments import envs
 from tools.triage import read, runs
 from tools.triage.progress import progress
 
@@ -267,7 +267,7 @@ def completed_script(issue: read.Issue, text: str, t: dict) -> read.Script | Non
     (``tools/py``) against the newest release's exports: its imports, a model it
     never makes, a ``fit`` of a module it never trains. None when it still is not one; what is
     missing then goes in ``t["missing"]``."""
-    from tools import bisect_tiers
+    from tools.stages import bisect_tiers
 
     def snippets(text: str) -> list[read.Block]:
         return [b for b in read.code_blocks(text) if b.lang in ("", "python", "py", "python3")

@@ -11,9 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools import contract, envs, fingerprint, index
-from tools.contract import BadInput, HarnessFailure
-from tools.launcher import Launcher, Run
+from tools import fingerprint
+from tools.core import contract
+from tools.core.contract import BadInput, HarnessFailure
+from tools.environments import envs, index
+from tools.launch.launcher import Launcher, Run
 from tools.triage import runs
 from tools.triage.progress import progress
 
@@ -33,7 +35,7 @@ def fingerprinted(frames: list, package: str, repo: str | None, t: dict | None =
     if not versions:
         return None
     if repo:
-        from tools import bisect_options, gitrange
+        from tools.stages import bisect_options, gitrange
 
         clones = bisect_options.CACHE / "repos"  # a URL: the bisect's clone
         checkout = (gitrange.repo_at(repo) if not gitrange.is_url(repo) else
@@ -135,21 +137,21 @@ def minimize(script: Path, args, out: Path, python: Path) -> dict | None:
 def known(text: str) -> list:
     """The workspace's repros (``repro/matrix.toml``) whose ``known_as`` the text shows: what a
     report's traceback, or a run of the reporter's script, has in common with a bug we know."""
-    from tools import matrix
+    from tools.environments import matrix
 
     return [r for r in matrix.load().repros if r.known_as and re.search(r.known_as, text)]
 
 
 def patches_for(repro) -> list:
     """The series' patches whose ``X-Repro`` is that repro: the fix the workspace has for it."""
-    from tools import patches
+    from tools.series import patches
 
     return [p for p in patches.series() if p.repro and p.repro[0] == repro.script]
 
 
 def run_known(repro, package: str, lightning: str, torch: str, args, out: Path, launcher: Launcher) -> dict:
     """The workspace's repro in the reporter's versions, ``--trials`` times: its own verdicts."""
-    from tools import bisect_tiers
+    from tools.stages import bisect_tiers
 
     row = {"repro": repro.name, "issue": repro.issue, "script": repro.script, "package": package,
            "lightning": lightning, "torch": torch, "verdicts": [], "reasons": []}
@@ -176,7 +178,9 @@ def run_known(repro, package: str, lightning: str, torch: str, args, out: Path, 
 def fixed_by_series(script: Path, repro, cell_id: str, args, out: Path) -> dict:
     """The reporter's script without and with the series in a cell the series targets, as
     ``nox -s patches -- --script`` runs it: the evidence that it is the known bug."""
-    from tools import matrix, patches, validate_patches
+    from tools import validate_patches
+    from tools.environments import matrix
+    from tools.series import patches
 
     cells = {c.id: c for c in matrix.load().cells}
     series = patches.series()
@@ -201,7 +205,7 @@ def runs_made(k: dict) -> str:
 
 def series_cell(package: str, lightning: str, torch: str, fixes: list) -> str | None:
     """The matrix cell of these versions, if a patch of the fix targets it."""
-    from tools import matrix
+    from tools.environments import matrix
 
     for c in matrix.load().cells:
         if (c.package, c.lightning, c.torch) == (package, lightning, torch) and any(

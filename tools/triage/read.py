@@ -14,8 +14,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import fingerprint, results
-from tools.contract import BadInput
+from tools import fingerprint
+from tools.core import results
+from tools.core.contract import BadInput
 from tools.triage.progress import progress
 
 ROOT = Path(__file__).resolve().parents[2]  # the workspace

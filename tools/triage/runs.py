@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import contract, envs, index
-from tools.contract import BadInput, HarnessFailure
-from tools.launcher import How, Launcher, Run
+from tools.core import contract
+from tools.core.contract import BadInput, HarnessFailure
+from tools.environments import envs, index
+from tools.launch.launcher import How, Launcher, Run
 from tools.triage import read, signatures
 from tools.triage.progress import progress
 
@@ -69,7 +70,7 @@ def eta(left: int) -> str:
 
 def run_cell(cell: Cell, script: Path, args, out: Path, launcher: Launcher, site, after: int = 0) -> None:
     """``--trials`` runs of the script in ``cell``; ``after``: the runs of the cells still to come."""
-    from tools import bisect_tiers
+    from tools.stages import bisect_tiers
 
     progress("run", f"{cell.label} cell: {cell.package} {cell.lightning} + torch {cell.torch}")
     try:
@@ -170,7 +171,7 @@ def master_cell(args, package: str, newest: str) -> Cell | None:
         return None
     import git
 
-    from tools import bisect_options, gitrange
+    from tools.stages import bisect_options, gitrange
 
     try:
         repo = gitrange.open_repo(args.repo, bisect_options.CACHE / "repos", log=lambda m: progress("run", m))
@@ -220,7 +221,7 @@ def run_differential(issue: read.Issue, path: Path, args, out: Path, package: st
     that release and once in the broken one, and what tells them apart made the predicate
     (``differential``). True when it found one (``args.signature`` or
     ``args.bad_output`` set); ``t["differential"]`` says what ran, or why there is none."""
-    from tools import bisect_tiers
+    from tools.stages import bisect_tiers
     from tools.triage import differential as diff
 
     worked = diff.worked_release(issue.body)

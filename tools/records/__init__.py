@@ -1,0 +1,2 @@
+"""What is kept, and what is said from it: the findings generated from the recorded runs
+(``findings``), and the comments offered upstream that quote them (``comments``)."""
