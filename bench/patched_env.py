@@ -21,7 +21,7 @@ from tools.environments import envs, matrix  # noqa: E402
 MAKE = """import subprocess, sys, tempfile
 from pathlib import Path
 from tools import validate_patches
-from tools import patched
+from tools.series import patched
 with patched.scratch("bench-") as tmp:
     python = patched.throwaway({args!r}, tmp / "env", {like})
     subprocess.run([str(python), "-c", "import torch, {module}"], check=True)

@@ -22,7 +22,7 @@ from _ab import alternate, report  # noqa: E402
 from tools.launch import slurm_cluster  # noqa: E402
 
 STEP = """import sys
-from tools import slurm_jobs
+from tools.launch import slurm_jobs
 r = slurm_jobs.run([sys.executable, "-c", "import time; time.sleep({n})"], timeout=300, log_stem={stem!r},
                    signature=None, env=None, opts=slurm_jobs.Options(time="10", ranks_per_node=1),
                    log=lambda m: None)

@@ -62,7 +62,7 @@ def test_a_second_bisect_at_the_same_time_gets_its_own_worktree(tmp_path):
         sys.path.insert(0, {str(ROOT)!r})
         import git
         from pathlib import Path
-        from tools import gitrange
+        from tools.stages import gitrange
         wt = gitrange.Worktree.claim(git.Repo({str(repo.working_dir)!r}), Path({str(tmp_path / 'wt')!r}))
         wt.checkout({shas[0]!r})
         print(wt.path, flush=True)
@@ -221,7 +221,8 @@ def test_non_utf8_output_of_a_repro_is_judged(tmp_path):
 DRIVER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from tools import contract, harness
+    from tools.core import contract
+    from tools.launch import harness
     body = ("import subprocess, sys, time\\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
             "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\\n"
@@ -253,7 +254,7 @@ def test_a_run_dies_with_its_supervisor_whatever_signal_ends_it(tmp_path, sig):
 
 TOOL = textwrap.dedent("""
     import sys, time
-    from tools import contract
+    from tools.core import contract
 
     def main(argv):
         if argv[0] != "sleep":

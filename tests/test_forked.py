@@ -83,7 +83,7 @@ def test_a_forked_run_dies_with_the_process_that_forked_it(tmp_path):
     helper = textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(ROOT)!r})
-        from tools import harness
+        from tools.launch import harness
         def target():
             open({str(pidfile)!r}, "w").write(str(os.getpid()))
             time.sleep(600)
@@ -212,7 +212,7 @@ def test_a_runner_and_its_run_die_with_the_process_that_started_them(tmp_path):
     caller = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from tools.preloaded import Runner
+        from tools.launch.preloaded import Runner
         Runner(sys.executable).run({{"argv": [{str(job_script)!r}], "timeout": 600, "log_stem": None}})
     """)
     parent = subprocess.Popen([sys.executable, "-c", caller])

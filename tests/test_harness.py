@@ -39,7 +39,7 @@ def test_a_run_keeps_the_niceness_of_the_process_that_starts_it(tmp_path):
     driver.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tools import harness\n"
+        "from tools.launch import harness\n"
         "os.nice(3)\n"
         "show = 'print(open(\"/proc/self/autogroup\").read().split()[-1])'\n"
         f"r = harness.run([sys.executable, '-c', show], timeout=60, log_stem={str(tmp_path / 'new')!r})\n"
@@ -246,7 +246,7 @@ def test_a_harness_started_in_the_background_still_gives_its_runs_ctrl_c(tmp_pat
     """``nox ... &`` starts the harness with SIGINT ignored, and its children would inherit that:
     a repro of Ctrl-C (it sends itself SIGINT) would then run on as if the bug were gone."""
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "sys.path.insert(0, '.'); from tools import harness\n"
+            "sys.path.insert(0, '.'); from tools.launch import harness\n"
             "r = harness.run([sys.executable, '-c', 'import os, signal, time; os.kill(os.getpid(), "
             "signal.SIGINT); time.sleep(5); print(\"ignored\")'], timeout=60)\n"
             "print(r.returncode)\n")
@@ -257,7 +257,7 @@ def test_a_harness_started_in_the_background_still_gives_its_runs_ctrl_c(tmp_pat
 
 def test_a_program_started_in_the_background_still_stops_on_sigint(tmp_path):
     code = ("import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-            "sys.path.insert(0, '.'); from tools import contract\n"
+            "sys.path.insert(0, '.'); from tools.core import contract\n"
             "def main(argv):\n    import os; os.kill(os.getpid(), signal.SIGINT); time.sleep(5); return 0\n"
             "sys.exit(contract.run_main(main, []))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -636,7 +636,7 @@ NOX_CTRL_C = [(signal.SIGINT, "group", 0.3), (signal.SIGTERM, "tool", 0.2), (sig
 
 SECOND_SIGNAL = """
 import os, signal, subprocess, sys
-from tools import patched
+from tools.series import patched
 
 class Term(Exception):
     pass

@@ -32,8 +32,8 @@ DRIVER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from tools.launcher import Launcher, Run
-from tools import sandbox
+from tools.launch.launcher import Launcher, Run
+from tools.launch import sandbox
 r = Launcher().run(Run((sys.argv[2],), Path(sys.argv[4]), sandbox=True, log_stem=Path(sys.argv[3]),
                        timeout=float(sys.argv[5]), env=json.loads(sys.argv[6])))
 print(json.dumps({**r.to_dict(), "unavailable": sandbox.unavailable()}))
@@ -399,7 +399,7 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
     """A process that made a sandbox folder and a pid file, then died of SIGKILL: the next
     process's first run removes both and says so; a live owner's are kept."""
     made = tmp_path / "made"
-    code = (f"import sys, os, time; sys.path.insert(0, {str(ROOT)!r}); from tools import leftovers\n"
+    code = (f"import sys, os, time; sys.path.insert(0, {str(ROOT)!r}); from tools.launch import leftovers\n"
             "d = leftovers.owned_tempdir('sandbox'); (d / 'untrusted').write_text('x')\n"
             "import tempfile\n"
             "f = tempfile.NamedTemporaryFile(prefix=leftovers.owned('ranks'), suffix='.pids', delete=False)\n"
@@ -416,13 +416,13 @@ def test_the_next_run_sweeps_what_a_killed_owner_left(tmp_path):
     mine = Path(tempfile.mkdtemp(prefix=leftovers.owned("sandbox"), dir=temp))  # this process is alive: kept
     try:
         probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                "from tools import leftovers; leftovers.sweep()"],
+                                "from tools.launch import leftovers; leftovers.sweep()"],
                                capture_output=True, text=True, timeout=60, env=env)
         assert folder.exists() and pids.exists(), probe.stderr  # its owner is alive
         owner.kill()
         owner.wait()
         probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                "from tools import harness; harness.run(['true'], timeout=10)"],
+                                "from tools.launch import harness; harness.run(['true'], timeout=10)"],
                                capture_output=True, text=True, timeout=60, env=env)
         assert not folder.exists() and not pids.exists()
         assert f"[sweep] removed {folder}: left by process {owner.pid}, which is gone" in probe.stderr
@@ -611,7 +611,7 @@ def test_a_sigkilled_launcher_leaves_nothing_running_and_its_folder_is_swept(tmp
         time.sleep(0.1)
     assert left[0].exists()
     probe = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                            "from tools import harness; harness.run(['true'], timeout=10)"],
+                            "from tools.launch import harness; harness.run(['true'], timeout=10)"],
                            capture_output=True, text=True, timeout=60, env=env)
     assert not left[0].exists(), probe.stderr
     assert f"[sweep] removed {left[0]}: left by process {driver.pid}, which is gone" in probe.stderr

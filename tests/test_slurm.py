@@ -430,7 +430,8 @@ def test_a_parallel_commit_bisect_on_slurm_runs_one_array_per_round(tmp_path, mo
 
 PROBE_ROUND = '''
 import os, sys
-from tools import bisect, slurm_jobs
+from tools.stages import bisect
+from tools.launch import slurm_jobs
 here, opts = sys.argv[1], slurm_jobs.Options(time="10", ranks_per_node=1)
 
 def test(c):
