@@ -2,7 +2,7 @@
 
     python bench/env_creation.py --package pytorch-lightning --lightning 2.4.0 --torch 2.13.0
 
-Made as the workspace makes them: bytecode compiled at install (``tools.envs.uv_env``), a one-time
+Made as the workspace makes them: bytecode compiled at install (``environments.envs.uv_env``), a one-time
 cost that every later import of torch and Lightning gets back. The first creation warms uv's cache;
 the figure is the median of the next ``--runs``.
 """

@@ -1,5 +1,5 @@
 """How long until a finished SLURM job is seen finished: ``sbatch --wait`` versus a bisect step
-(``tools.slurm_jobs.run``, which watches the exit-code file its job writes as it ends).
+(``tools.launch.slurm_jobs.run``, which watches the exit-code file its job writes as it ends).
 
     nox -s slurm_up && python bench/slurm_step.py --seconds 1 12
 

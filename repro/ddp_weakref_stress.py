@@ -41,7 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parent))  # the workspace: tools.harness bounds every run
+sys.path.insert(1, str(HERE.parent))  # the workspace: tools.launch.harness bounds every run
 import _launch  # noqa: E402
 from _contract import FAIL, Parser, UsageError, finish, import_lightning  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 
 from tools import bisect_cli
 from tools.environments import envs
-from tools.launch import process_group
+from tools.launch import harness, process_group
 from tools.stages import bisect, bisect_options, bisect_tiers
 
 OWN = ("--script", "repro/backbone_finetuning_ddp.py")  # the workspace's #20340 repro
@@ -257,7 +257,7 @@ def test_an_interrupted_round_stops_its_other_runs_and_caches_nothing_of_them(tm
             raise KeyboardInterrupt
         if c == "c3":
             started.set()
-            r = bisect.harness.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout=600)
+            r = harness.run([sys.executable, "-c", "import time; time.sleep(600)"], timeout=600)
             return r.code, r.reason, r.final
         return (1 if c >= "c4" else 0), None
 

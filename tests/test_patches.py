@@ -1026,7 +1026,7 @@ def test_torch_style_tests_repeat_by_class_and_name(tmp_path, monkeypatch):
 
 
 def fake_gates(monkeypatch, **results):
-    """A ``tools.gates`` of the agreed API whose gates answer ``results`` (name -> ok, or an
+    """A ``tools.series.gates`` of the agreed API whose gates answer ``results`` (name -> ok, or an
     exception to raise)."""
     import types as pytypes
 
@@ -1115,7 +1115,7 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
 
     monkeypatch.setenv("REPRO_RESULTS", str(tmp_path))
     (patch,) = [p for p in patches.series() if p.target == "lightning"][:1]
-    gates = {name: {"ok": True, "text": f"{name} fine"} for name in validate_patches.GATES}
+    gates = {name: {"ok": True, "text": f"{name} fine"} for name in series_gates.GATES}
     flaky = "1/5 failed (1 tests: test_x): run 3: a child process died of SIGABRT"
     gates["flaky"] = {"ok": False, "text": flaky}
     monkeypatch.setattr(validate_patches, "upstream", lambda *a, **k: ("base: applies", gates))
@@ -1131,7 +1131,7 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
         0, next(verdicts), None, 1.0, 0))
     assert validate_patches.main(["--patch", patch.name, "--cell", patch.cells[0]]) == 1
     table = capsys.readouterr().out.split("\n| patch |", 1)[1].splitlines()
-    for name in validate_patches.GATES:
+    for name in series_gates.GATES:
         assert f" {name} |" in table[0]
     assert f"| FAILS: {flaky} |" in table[2] and table[2].endswith("| NO |")
     summary = next(tmp_path.glob("patches/*/summary.json"))

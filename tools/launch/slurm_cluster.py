@@ -8,7 +8,7 @@ The daemons are the distribution's packages (``slurmctld``, ``slurmd``, ``slurm-
 ``munge``), installed with ``apt-get`` when missing (root only). Everything they write lives in
 ``.cache/slurm/`` of the workspace: a generated ``slurm.conf`` (this machine's CPUs and memory,
 one node, one partition ``debug``), the munge key and socket, state, spool, pid and log files.
-Commands find the cluster through ``SLURM_CONF`` (``env()`` gives it; ``tools.slurm_jobs`` sets
+Commands find the cluster through ``SLURM_CONF`` (``env()`` gives it; ``tools.launch.slurm_jobs`` sets
 it). Finished jobs stay visible: ``squeue -t all`` / ``scontrol show job`` for an hour, and
 ``sacct --completion`` (the job-completion log, ``jobcomp/filetxt``: there is no accounting
 database here).

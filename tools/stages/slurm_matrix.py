@@ -71,7 +71,7 @@ def submit_array(out: Path, opts: Options, log=print) -> tuple[str, list[dict]]:
     results.write_atomic(script, "#!/bin/sh\n"
                          f"cd {shlex.quote(str(ROOT))}\n"
                          f'python=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {pythons})\n'
-                         f'exec "$python" {guarded} "$python" -m tools.slurm_matrix task {tasks_file} '
+                         f'exec "$python" {guarded} "$python" -m tools.stages.slurm_matrix task {tasks_file} '
                          '"$SLURM_ARRAY_TASK_ID"\n')
     results.write_atomic(logs / "pythons", "".join(f"{t['python']}\n" for t in tasks))
     cmd = ["sbatch", "--parsable", f"--array=0-{len(tasks) - 1}", "--job-name=repro-matrix",
