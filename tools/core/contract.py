@@ -303,8 +303,8 @@ class DefaultsShown(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if (not action.option_strings or default in (None, False, argparse.SUPPRESS, [], ())
-                or "default" in text or not text):
+        absent = default is None or default is False or default in (argparse.SUPPRESS, [], ())
+        if not action.option_strings or absent or "default" in text or not text:  # 0 is a default
             return text
         unit = (" s" if action.type is seconds or "timeout" in action.dest
                 else " min" if action.metavar == "MINUTES" else "")

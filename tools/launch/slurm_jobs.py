@@ -80,7 +80,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     """The executor's options, shared by ``nox -s repro`` and ``nox -s bisect``."""
     p.add_argument("--executor", choices=("local", "slurm"), default="local",
                    help="where runs happen: this machine, or SLURM jobs (sbatch)")
-    p.add_argument("--partition", help="--executor slurm: the partition")
+    p.add_argument("--partition", help="--executor slurm: the partition (default: the cluster's)")
     p.add_argument("--time", default="60", metavar="MINUTES",
                    help="--executor slurm: a job's time limit (sbatch --time)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="--executor slurm: GPUs per node")

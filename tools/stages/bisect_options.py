@@ -117,7 +117,8 @@ def parser() -> contract.Parser:
     target.add_argument("--oldest", default="1.9.5", help="search back no further than this release")
     target.add_argument("--torch", default="auto",
                         help="torch for Lightning candidates (auto: the newest out at each one's date)")
-    target.add_argument("--lightning", help="the fixed Lightning release on the torch axis")
+    target.add_argument("--lightning",
+                        help="the fixed Lightning release on the torch axis (needed with --axis torch)")
     contract.add_repo(target)
     judge = p.add_argument_group("the script, and what counts as bad")
     judge.add_argument("--script",
