@@ -63,8 +63,9 @@ def _repro(session: nox.Session, cell: matrix.Cell) -> None:
 
 @nox.session(python=False)
 def repro_slurm(session: nox.Session) -> None:
-    """Submit the cells `nox -s repro -- --executor slurm` prepared as one SLURM job array; wait;
-    print the table (runs after those cells on its own)."""
+    """The cells that `nox -s repro -- --executor slurm` prepared, as one SLURM job array.
+
+    It runs after those cells on its own: submits the array, waits, and prints the table."""
     opts, _ = cells.parse_posargs(session.posargs)
     out = results.this_run_dir("repro")
     sessions.run_main(session, lambda: print(slurm_matrix.run_matrix(out, opts.slurm, opts.script,

@@ -25,7 +25,8 @@ from tools.launch.launcher import Launcher, Run
 
 def main(argv=None) -> int:
     p = contract.Parser(prog="python -m tools.run")
-    p.add_argument("--timeout", type=contract.seconds, default=600.0, help="wall-clock limit of the run")
+    p.add_argument("--timeout", type=contract.seconds, default=600.0, metavar="SECONDS",
+                   help="wall-clock limit of the run")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
     p.add_argument("--log", help="keep stdout/stderr as LOG.stdout / LOG.stderr")
     contract.add_check_replicas(p)

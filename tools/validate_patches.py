@@ -220,14 +220,17 @@ def run_script(script: Script, python: Path, log_stem: Path) -> harness.RunResul
 def parser() -> contract.Parser:
     """The program's options (its ``--help``)."""
     p = contract.Parser(prog="nox -s patches --", description=__doc__.split("\n\n")[0])
-    p.add_argument("--patch", help="only this patch of the series (default: every patch)")
-    p.add_argument("--cell", help="only this matrix cell, by its name (e.g. pl2_6_6_torch2_13_0, as nox -s "
-                                  "repro -k takes it; default: every cell a patch names)")
-    p.add_argument("--repeat", type=int, default=REPEAT,
-                   help=f"runs of each new multi-process test (the flaky gate; default {REPEAT})")
-    p.add_argument("--script", help="also run this script of yours without and with the series")
-    contract.add_judges(p, "--script")
-    contract.add_repo(p, "upstream's gates (the series applied to master)", "no upstream gates")
+    what = p.add_argument_group("what is validated")
+    what.add_argument("--patch", help="only this patch of the series (default: every patch)")
+    what.add_argument("--cell", help="only this matrix cell, by its name (e.g. pl2_6_6_torch2_13_0, as "
+                                     "nox -s repro -k takes it; default: every cell a patch names)")
+    contract.add_repo(what, "upstream's gates (the series applied to master)", "no upstream gates")
+    yours = p.add_argument_group("a script of yours")
+    yours.add_argument("--script", help="also run this script of yours without and with the series")
+    contract.add_judges(yours, "--script")
+    sure = p.add_argument_group("how sure")
+    sure.add_argument("--repeat", type=int, default=REPEAT,
+                      help="runs of each new multi-process test (the flaky gate)")
     return p
 
 

@@ -194,7 +194,8 @@ def main(argv=None) -> int:
     p = contract.Parser(prog="python -m tools.nodes", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=2, help="nodes of the job, each a torchrun here")
     p.add_argument("--ranks-per-node", type=int, default=1, help="ranks each torchrun starts")
-    p.add_argument("--timeout", type=contract.seconds, default=600.0, help="wall-clock limit of each node")
+    p.add_argument("--timeout", type=contract.seconds, default=600.0, metavar="SECONDS",
+                   help="wall-clock limit of each node")
     p.add_argument("--peer-grace", type=contract.seconds, default=20.0,
                    help="seconds the other nodes get to end once one has ended")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")

@@ -112,7 +112,7 @@ def parser() -> contract.Parser:
     budget.add_argument("--max-runs", type=int,
                         help="also stop after this many launches of candidates in this invocation (a "
                              "budget that ends at the same point on any machine; the next one resumes)")
-    budget.add_argument("--timeout", type=contract.seconds, default=300.0,
+    budget.add_argument("--timeout", type=contract.seconds, default=300.0, metavar="SECONDS",
                         help="wall-clock limit of a run of the original; a candidate gets "
                              f"{CANDIDATE_TIMEOUT[0]} x the original's slowest run, at least "
                              f"{CANDIDATE_TIMEOUT[1]:g} s")

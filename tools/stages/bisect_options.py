@@ -140,7 +140,7 @@ def parser() -> contract.Parser:
     running = p.add_argument_group("how it runs")
     running.add_argument("--trials", default="1",
                          help="runs per step, or 'auto' (from the bad end's rate)")
-    running.add_argument("--timeout", type=contract.seconds, default=600.0,
+    running.add_argument("--timeout", type=contract.seconds, default=600.0, metavar="SECONDS",
                          help="wall-clock limit of one run")
     running.add_argument("--jobs", default="auto", metavar="K",
                          help="candidates tested at once per round, each a fresh process (default "

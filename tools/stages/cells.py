@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
         prog="nox -s repro --", add_help=False, formatter_class=contract.DefaultsShown,
         description="Run every repro of repro/matrix.toml in each Lightning x torch cell (a cell: one "
                     "Lightning release on one torch release, its own environment; pick cells with "
-                    "nox's -k, e.g. nox -s repro -k 2.6.6). Options it does not know go to the "
+                    "nox's -k, e.g. nox -s repro -k pl2_6_6_torch2_13_0). Options it does not know go to the "
                     "repros (python repro/<name>.py --help lists theirs).")
     which = p.add_argument_group("which cells, and what runs in them")
     which.add_argument("--cell", help="only this cell, by its name (e.g. pl2_6_6_torch2_13_0; the same "
@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
     which.add_argument("--script", help="also run this user script (any repro following the exit codes)")
     contract.add_judges(which, "--script")
     running = p.add_argument_group("how it runs")
-    running.add_argument("--timeout", type=contract.seconds, default=300.0,
+    running.add_argument("--timeout", type=contract.seconds, default=300.0, metavar="SECONDS",
                          help="wall-clock limit per repro run")
     running.add_argument("--fresh-process", action="store_true",
                          help="a new interpreter for every repro run (default: the cell's repros are "

@@ -83,7 +83,7 @@ def parser() -> contract.Parser:
     budget.add_argument("--trials", default="3",
                         help=f"runs per cell, or auto: {AUTO_TRIALS} per cell, and the "
                              "bisect's --trials auto (from the rate at its bad end)")
-    budget.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT,
+    budget.add_argument("--timeout", type=contract.seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"wall-clock limit of a run (default: {DEFAULT_TIMEOUT:g} s; {HANG_TIMEOUT:g} s "
                              "for a report that says it hangs, whose runs are bad when they outlive it)")
     budget.add_argument("--budget", type=float, default=5.0, metavar="MINUTES",
