@@ -48,8 +48,6 @@ from tools.series.patched import patched_env, run, scratch, site_packages
 from tools.series.series_gates import REPEAT, summary, upstream
 
 TRIES = 3  # runs of a user's script that keeps dying of a signal before its row says "skip"
-
-
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 

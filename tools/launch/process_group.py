@@ -68,11 +68,7 @@ def kill_group(pgid: int, grace: float = 3.0) -> list[int]:
 
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
-
-
 RANKS_FILE = "HARNESS_RANKS_FILE"  # where a launcher that forks its ranks declares their pids
-
-
 RUN_ID = "HARNESS_RUN_ID"  # in every run's environment: tells its escaped processes apart
 
 
@@ -148,8 +144,6 @@ def _wait(proc, timeout: float, peer_grace: float, ranks_file: str | None = None
 
 
 TAIL = 2 << 20  # bytes of each stream kept for the judgement (the verdict line is the last)
-
-
 LINE = 64 << 10  # a line longer than this is matched in pieces
 
 

@@ -17,20 +17,10 @@ from tools.series import patches
 DESCRIPTION = "Shrink a user's training script to the smallest program that still shows the bug's signature."
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
 DEFAULT_CELL = "pl2_6_6_torch2_13_0"
-
-
 MARK = re.compile(r"#\s*minimize:\s*keep\b")
-
-
 AUTO_RUNS = 5  # runs of the original that measure the bug's rate with --trials auto
-
-
 VALUE_SITES = "subscripts+attributes"  # what a recorded run's ids count: a resume must match it
-
-
 CANDIDATE_TIMEOUT = (3, 30.0)  # a candidate's limit: this many times the original's slowest run, at least
 
 

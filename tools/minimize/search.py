@@ -27,8 +27,6 @@ from tools.minimize.passes.variables import inline_variables, single_use_variabl
 from tools.minimize.source import constants, missing_kept, shown_size
 
 MAX_PASS_ROUNDS = 4  # rounds of the simplifying passes in a row
-
-
 RESTART_AFTER = 25  # improvements of the reducer between two runs of the whole-program passes
 
 

@@ -291,11 +291,7 @@ def outside_source_lines(text: str) -> str:
 # -- where the signature was raised --------------------------------------------------------
 
 FRAME = re.compile(r'^\s*(?:\[rank\d+\]:\s*)?File "(?P<path>[^"]+)", line \d+, in (?P<func>\S+)')
-
-
 EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?(?P<type>[A-Za-z_][\w.]*)(?::\s|:$|$)")
-
-
 RANK = re.compile(r"^\[rank\d+\]:")
 
 

@@ -15,8 +15,6 @@ from tools.launch.launcher import Launcher, Run
 from tools.series import patches
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
 CACHE = ROOT / ".cache"
 
 

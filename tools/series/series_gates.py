@@ -19,8 +19,6 @@ from tools.series import upstream_tests as ut
 from tools.series.patched import CACHE, patched_env, scratch, site_packages
 
 TEST_TORCH = "2.13.0"  # the torch of the upstream test environment
-
-
 REPEAT = 5  # runs of each new multi-process test (the flaky gate)
 
 
@@ -31,14 +29,8 @@ GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "t
 
 
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/series/gates.py's
-
-
 SPARSE = ("/src/", "/requirements/", "/tests/", "/pyproject.toml", "/.pre-commit-config.yaml")
-
-
 _UPSTREAM: dict[str, tuple[str, dict]] = {}  # per patch: the same answer for every cell
-
-
 _TREES: dict[str, tuple] = {}
 
 

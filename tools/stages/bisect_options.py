@@ -15,24 +15,12 @@ from tools.environments import matrix
 from tools.launch import harness, slurm_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
 CACHE = ROOT / ".cache"
-
-
 EXIT = {"found": 0, "no-good": 3, "ambiguous": 4, "untestable": 5}
-
-
 INJECT = ROOT / "tools" / "inject"  # on a commit's PYTHONPATH: its source under every import name
-
-
 # a run that failed to import what it needs (another dependency set may serve)
 IMPORT_FAILED = re.compile(r"ImportError|ModuleNotFoundError|cannot import name|No module named")
-
-
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
 BadInput = contract.BadInput
 DESCRIPTION = "``nox -s bisect``: find where a regression came in, releases first, then Lightning commits."
 

@@ -95,8 +95,6 @@ def release_predicate(cfg: Config, out: Path):
 
 
 ENV_NOTES: dict[str, str] = {}  # environment name -> how it was resolved (for the report)
-
-
 ENV_OF: dict[str, str] = {}  # release candidate -> the name of its environment in this run
 
 

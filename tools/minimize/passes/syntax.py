@@ -162,8 +162,6 @@ def _position(stmt: ast.stmt, parents: dict[int, ast.AST]) -> tuple[ast.AST, str
 # -- variables read once -------------------------------------------------------------------
 
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-
-
 LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 

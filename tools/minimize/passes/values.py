@@ -10,11 +10,7 @@ from pathlib import Path
 from tools.minimize.passes.syntax import _is_constant
 
 RECORDER = "__minimize_value__"
-
-
 SCALARS = (int, float, str, bool, type(None))
-
-
 MAX_ITEMS = 8  # a list or tuple longer than this is not folded (it would only add lines)
 
 
