@@ -24,4 +24,9 @@ candidate each (the harness still judges each candidate: nothing is accepted uns
 - **Lightning's shapes**: a sub-module class flattened into its owner (``flatten_submodule``),
   a data module used once replaced by its loaders (``loaders_for_datamodule``), a module that
   only wraps another replaced by it (``unwrap_module``).
+
+The passes that edit in place (``inline``, ``flatten_submodule``, ``loaders_for_datamodule``) are
+each one function on purpose: every refusal is checked on the same parsed trees before the first
+edit, and the edits reuse the nodes the checks found. Split, the checks and the edits would pass a
+dozen nodes between them, and a refusal could come after an edit.
 """

@@ -219,9 +219,7 @@ def inline(files: dict[str, str | None], qualname: str) -> dict[str, str | None]
     A method is inlined at a ``self.name(...)`` call in another method of its class, or at
     ``obj.name(...)`` anywhere when it needs no class cell (``super()``, private names).
 
-    One piece on purpose: every refusal is checked on the same parsed trees before the first
-    edit, and the edits reuse the nodes the checks found (split, the checks and the edits would
-    have to pass a dozen nodes between them, and a refusal could come after an edit)."""
+    One piece on purpose, as every pass that edits in place (``tools.minimize.passes``)."""
     trees = {n: ast.parse(s) for n, s in files.items() if s}
     found = _definitions(trees).get(qualname)
     if not found:

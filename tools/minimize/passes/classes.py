@@ -11,6 +11,7 @@ from tools.minimize.passes.syntax import (
     _ancestors,
     _bound,
     _names,
+    _one_class,
     _plain_body,
     _position,
     _reads,
@@ -30,16 +31,11 @@ def flatten_submodule(files: dict[str, str | None], name: str) -> dict[str, str 
     anything else (other methods, ``self`` passed on, a base-class method called), or its
     attribute is read other than as a call.
 
-    One piece on purpose: every refusal is checked on the same parsed trees before the first
-    edit, and the edits reuse the nodes the checks found (split, the checks and the edits would
-    have to pass a dozen nodes between them, and a refusal could come after an edit)."""
-    trees = {n: ast.parse(s) for n, s in files.items() if s}
-    found = [(f, n) for f, t in trees.items() for n in t.body
-             if isinstance(n, ast.ClassDef) and n.name == name]
-    if len(found) != 1:
+    One piece on purpose, as every pass that edits in place (``tools.minimize.passes``)."""
+    found = _one_class(files, name)
+    if found is None:
         return None
-    file, cls = found[0]
-    tree = trees[file]
+    trees, file, cls, tree = found
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     rest = [n for n in cls.body if not isinstance(n, ast.FunctionDef)
             and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
@@ -162,13 +158,10 @@ def unwrap_module(files: dict[str, str | None], name: str) -> dict[str, str | No
     ``name()``, replaced there by what it wraps (``Encoder()`` -> ``nn.Sequential(...)``):
     the owner keeps its attribute (``self.backbone``, which a callback may read), one level
     less deep. None when it does anything more, or a name would change meaning."""
-    trees = {n: ast.parse(s) for n, s in files.items() if s}
-    found = [(f, n) for f, t in trees.items() for n in t.body
-             if isinstance(n, ast.ClassDef) and n.name == name]
-    if len(found) != 1:
+    found = _one_class(files, name)
+    if found is None:
         return None
-    file, cls = found[0]
-    tree = trees[file]
+    trees, file, cls, tree = found
     body = [n for n in cls.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     methods = {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
     base = cls.bases[0] if len(cls.bases) == 1 else None

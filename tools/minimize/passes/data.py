@@ -11,6 +11,7 @@ from tools.minimize.passes.syntax import (
     _bound,
     _free_reads,
     _names,
+    _one_class,
     _plain_body,
     _self_attrs,
     _substitute,
@@ -33,16 +34,11 @@ def loaders_for_datamodule(files: dict[str, str | None], name: str) -> dict[str,
     be done safely: the class has other methods or state, ``self`` is passed on, or a name
     would change meaning.
 
-    One piece on purpose: every refusal is checked on the same parsed trees before the first
-    edit, and the edits reuse the nodes the checks found (split, the checks and the edits would
-    have to pass a dozen nodes between them, and a refusal could come after an edit)."""
-    trees = {n: ast.parse(s) for n, s in files.items() if s}
-    found = [(f, n) for f, t in trees.items() for n in t.body
-             if isinstance(n, ast.ClassDef) and n.name == name]
-    if len(found) != 1:
+    One piece on purpose, as every pass that edits in place (``tools.minimize.passes``)."""
+    found = _one_class(files, name)
+    if found is None:
         return None
-    file, cls = found[0]
-    tree = trees[file]
+    trees, file, cls, tree = found
     base = cls.bases[0] if len(cls.bases) == 1 else None
     if cls.decorator_list or cls.keywords or not (
             isinstance(base, ast.Name | ast.Attribute)

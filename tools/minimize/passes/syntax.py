@@ -191,3 +191,15 @@ def _self_attrs(func: ast.FunctionDef) -> tuple[set[str], bool]:
             elif isinstance(holder.ctx, ast.Store):
                 stored.add(holder.attr)
     return stored, plain
+
+
+def _one_class(files: dict[str, str | None], name: str):
+    """The parsed files, and the one top-level class ``name`` in them: ``(trees, file, class,
+    its file's tree)``; None when no file, or more than one, defines it."""
+    trees = {n: ast.parse(s) for n, s in files.items() if s}
+    found = [(f, n) for f, t in trees.items() for n in t.body
+             if isinstance(n, ast.ClassDef) and n.name == name]
+    if len(found) != 1:
+        return None
+    file, cls = found[0]
+    return trees, file, cls, trees[file]
