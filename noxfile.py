@@ -16,11 +16,13 @@ from tools.stages import cells, slurm_matrix
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.download_python = "never"
-nox.options.sessions = ["repro"]
 nox.options.reuse_existing_virtualenvs = True
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 MATRIX = matrix.load()
+# plain `nox` (and the `*` of `nox -l`): the cells that run; `nox -s repro` also lists those
+# that skip (outside a release's supported torch range), each with its reason
+nox.options.sessions = [f"repro({c.id})" for c in MATRIX.cells if not c.skip_reason()]
 PYTHON = "3.11"
 TEST_TORCH = "2.13.0"
 
@@ -100,6 +102,7 @@ def sandbox_up(session: nox.Session) -> None:
 @nox.session(python=False)
 def summary(session: nox.Session) -> None:
     """Print the summary table of the latest `nox -s repro` run."""
+    sessions.run_main(session, lambda: sessions.no_options(session, "summary", summary.__doc__))
     latest = results.latest_dir("repro")
     if not latest.exists():
         session.error("no results yet: run `nox -s repro` first")

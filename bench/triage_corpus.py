@@ -33,7 +33,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             started = time.monotonic()
             proc = subprocess.run([a.python, "-m", "tools.triage", str(ISSUES / f"{name}.md"),
-                                   "--trials", "1", "--minimize-budget", "0", "--repo", "", "--out", tmp,
+                                   "--trials", "1", "--budget", "0", "--repo", "", "--out", tmp,
                                    "--state", str(Path(tmp) / "state.json")],
                                   cwd=ROOT, capture_output=True, text=True)
             seconds = round(time.monotonic() - started)
@@ -44,6 +44,10 @@ def main():
         rows.append({"report": name, "shape": case["shape"], "expected": case["first"], "got": got,
                      "seconds": seconds, "ok": ok})
         print(f"{'ok ' if ok else 'NO '} {name} ({seconds} s): {got[:160]}", file=sys.stderr, flush=True)
+        if a.out:  # after every report, so that an interrupted bench keeps what it measured
+            part = Path(a.out + ".part")
+            part.write_text(json.dumps(rows, indent=1))
+            part.replace(a.out)
     print("| report | shape | expected | got | s | |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['report']} | {r['shape']} | `{r['expected']}` | {r['got'][:200].replace('|', '/')} | "
@@ -51,8 +55,6 @@ def main():
     right = sum(r["ok"] for r in rows)
     share = right / max(len(rows), 1)
     print(f"\n{right} of {len(rows)} reports give their expected first line ({share:.0%})")
-    if a.out:
-        Path(a.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -605,7 +605,8 @@ def parse_args(argv):
     p.add_argument("--scenario", help="run only this scenario")
     p.add_argument("--filter", help="regex on scenario names")
     p.add_argument("--repeat", type=int, help="runs of each GC-timing scenario (3; --quick: 1)")
-    p.add_argument("--budget", type=float, help="stop starting new runs after this many seconds")
+    p.add_argument("--time-limit", "--budget", dest="budget", type=float, metavar="SECONDS",
+                   help="stop starting new runs after this many seconds (--budget: its old name)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 also when a control is not clean or an expected crash is missing")
     p.add_argument("--seed", default="0",

@@ -9,6 +9,7 @@ expectations; review them with ``git diff tests/cli``.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -50,7 +51,8 @@ def test_every_program_has_its_help_snapshotted():
                       "tools.findings", "tools.fingerprint", "tools.run", "tools.nodes", "tools.triage"}
 
 
-@pytest.mark.parametrize("session", ["bisect", "triage", "repro", "minimize", "patches", "fingerprint", "pr"])
+@pytest.mark.parametrize("session", ["bisect", "triage", "repro", "minimize", "patches", "fingerprint", "pr",
+                                     "findings", "summary"])
 def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session):
     """`nox -s X -- --help` prints the program's help, and the session's environment (made in a
     folder of the test's own) holds nothing but what a new environment has: no torch, no git."""
@@ -62,6 +64,28 @@ def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session):
     assert f"usage: nox -s {session} --" in proc.stdout, proc.stdout[-2000:]
     installed = {p.name.split("-")[0].lower() for p in tmp_path.glob("*/lib/python*/site-packages/*")}
     assert not installed & {"torch", "git", "gitpython", "pytorch_lightning", "packaging"}, installed
+
+
+def test_a_session_without_options_refuses_one_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "--envdir",
+                           str(tmp_path), "-s", "summary", "--", "--cell", "x"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "unrecognized arguments: --cell x" in proc.stderr
+
+
+def test_nox_list_selects_the_cells_that_run_and_marks_the_others_skipped():
+    """`nox -l`: `*` (what plain `nox` runs) on the cells inside their release's supported torch
+    range, `-` on those that `nox -s repro` would skip."""
+    from tools.environments import matrix
+
+    proc = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-l"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    marks = {m.group(2): m.group(1) for m in re.finditer(r"(?m)^([*-]) repro\(([^)]+)\)", proc.stdout)}
+    cells = matrix.load().cells
+    assert marks == {c.id: "-" if c.skip_reason() else "*" for c in cells}
+    assert set(marks.values()) == {"*", "-"}
 
 
 def test_repro_cell_skips_the_other_cells_before_installing_them(tmp_path):

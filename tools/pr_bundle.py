@@ -1,4 +1,4 @@
-"""``nox -s pr -- <patch>``: a PR bundle for a validated patch.
+"""``nox -s pr -- <patch>``: a PR bundle for a validated patch, written for you to post (nothing is pushed).
 
 Writes ``results/pr/<patch>/``: ``0001-*.patch`` (the change committed on current master, as
 ``git format-patch`` makes it, when ``LIGHTNING_REPO`` names a checkout), ``branch.txt``

@@ -35,6 +35,14 @@ def help_first(session, module: str) -> None:
         sys.exit(subprocess.call([sys.executable, "-m", module, "--help"], cwd=root))
 
 
+def no_options(session, name: str, doc: str) -> None:
+    """A session that takes no options: ``-- --help`` says what it does (exit 0), anything else
+    after ``--`` is bad input."""
+    from tools.core import contract
+
+    contract.Parser(prog=f"nox -s {name} --", description=doc).parse_args(session.posargs)
+
+
 def run_tool(session, module: str, args: list[str]) -> None:
     """Run ``python -m module args`` in the session's environment; exit nox with its code."""
     python = os.path.join(session.bin, "python")
