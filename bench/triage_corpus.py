@@ -7,6 +7,7 @@ comment's first line against the one expected; a table (expected, got, seconds) 
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,6 +32,7 @@ def main():
         if a.only and name not in a.only:
             continue
         with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o755)  # the sandbox runs the script as nobody, who must read its output folder
             started = time.monotonic()
             proc = subprocess.run([a.python, "-m", "tools.triage", str(ISSUES / f"{name}.md"),
                                    "--trials", "1", "--budget", "0", "--repo", "", "--out", tmp,
