@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -68,6 +69,10 @@ def repro_slurm(session: nox.Session) -> None:
     """The cells that `nox -s repro -- --executor slurm` prepared, as one SLURM job array.
 
     It runs after those cells on its own: submits the array, waits, and prints the table."""
+    if sessions.asks_for_help(session.posargs):
+        print(f"usage: nox -s repro_slurm -- [the repro session's options]\n\n"
+              f"{inspect.cleandoc(repro_slurm.__doc__)}\nIts options: nox -s repro -- --help")
+        sys.exit(0)
     opts, _ = cells.parse_posargs(session.posargs)
     out = results.this_run_dir("repro")
     sessions.run_main(session, lambda: print(slurm_matrix.run_matrix(out, opts.slurm, opts.script,

@@ -615,8 +615,10 @@ def parse_args(argv):
     p.add_argument("--out", help="results folder (runs.jsonl, summary.md, per-run logs)")
     p.add_argument("--import-name", default="auto",
                    choices=("auto", "lightning.pytorch", "pytorch_lightning"))
-    p.add_argument("--run-timeout", type=float, default=90.0, help="wall-clock limit of one run")
-    p.add_argument("--collective-timeout", type=float, default=30.0)
+    p.add_argument("--run-timeout", type=float, default=90.0, metavar="SECONDS",
+                   help="wall-clock limit of one run (default: 90 s)")
+    p.add_argument("--collective-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="the process group's timeout of one collective (default: 30 s)")
     p.add_argument("--fresh-process", action="store_true",
                    help="a new interpreter per rank of every run instead of forks of this process")
     p.add_argument("--nodes", type=int, default=1,

@@ -52,7 +52,7 @@ def test_every_program_has_its_help_snapshotted():
 
 
 @pytest.mark.parametrize("session", ["bisect", "triage", "repro", "minimize", "patches", "fingerprint", "pr",
-                                     "findings", "summary"])
+                                     "findings", "summary", "repro_slurm"])
 def test_a_sessions_help_comes_before_anything_is_installed(tmp_path, session):
     """`nox -s X -- --help` prints the program's help, and the session's environment (made in a
     folder of the test's own) holds nothing but what a new environment has: no torch, no git."""

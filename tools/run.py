@@ -24,7 +24,7 @@ from tools.launch.launcher import Launcher, Run
 
 
 def main(argv=None) -> int:
-    p = contract.Parser(prog="python -m tools.run")
+    p = contract.Parser(prog="python -m tools.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--timeout", type=contract.seconds, default=600.0, metavar="SECONDS",
                    help="wall-clock limit of the run")
     p.add_argument("--signature", help="regex that must appear in the output for 'bad'")
