@@ -1,6 +1,8 @@
 import importlib.util
 import os
+import shutil
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,17 @@ def alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def patched_copy(folder: Path, applied: list) -> Path:
+    """A copy of the installed pytorch_lightning with ``applied`` (patches of the series) patched
+    in, to put first on PYTHONPATH (every DDP rank the launcher starts inherits it); the installed
+    one is untouched."""
+    from tools.series import patches
+
+    site = Path(metadata.distribution("pytorch_lightning").locate_file(""))
+    shutil.copytree(site / "pytorch_lightning", folder / "pytorch_lightning")
+    root = folder / "pytorch_lightning"
+    for p in applied:
+        patches.apply(p, root, 4, patches.installable_for(p, root))
+    return folder

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from conftest import patched_copy
 
 from tools.environments import matrix
 from tools.launch import harness
@@ -292,17 +293,6 @@ def test_torch_patch_turns_the_raw_crash_into_the_clear_error(tmp_path):
 
 
 LIGHTNING_PATCHES = [p.name for p in patches.series() if p.target == "lightning"]
-
-
-def patched_copy(folder: Path, applied: list) -> Path:
-    """A copy of the installed pytorch_lightning with ``applied`` patched in, to put first on
-    PYTHONPATH (every DDP rank the launcher starts inherits it); the installed one is untouched."""
-    site = Path(metadata.distribution("pytorch_lightning").locate_file(""))
-    shutil.copytree(site / "pytorch_lightning", folder / "pytorch_lightning")
-    root = folder / "pytorch_lightning"
-    for p in applied:
-        patches.apply(p, root, 4, patches.installable_for(p, root))
-    return folder
 
 
 def run_repro(patch, runner: Runner, log_stem: Path):
@@ -1119,6 +1109,8 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
     flaky = "1/5 failed (1 tests: test_x): run 3: a child process died of SIGABRT"
     gates["flaky"] = {"ok": False, "text": flaky}
     monkeypatch.setattr(validate_patches, "upstream", lambda *a, **k: ("base: applies", gates))
+    monkeypatch.setattr(validate_patches.kept, "kept_gate",
+                        lambda *a, **k: {"ok": True, "text": "setups fine"})
     monkeypatch.setattr(validate_patches, "patched_env",
                         lambda args, folder, applied, like=None: Path(sys.executable))
     monkeypatch.setattr(validate_patches, "site_packages", lambda python: tmp_path / "site")
@@ -1131,7 +1123,7 @@ def test_one_failed_gate_fails_the_row_the_table_shows_every_gate_and_pr_reads_i
         0, next(verdicts), None, 1.0, 0))
     assert validate_patches.main(["--patch", patch.name, "--cell", patch.cells[0]]) == 1
     table = capsys.readouterr().out.split("\n| patch |", 1)[1].splitlines()
-    for name in series_gates.GATES:
+    for name in (*series_gates.GATES, *series_gates.CELL_GATES):
         assert f" {name} |" in table[0]
     assert f"| FAILS: {flaky} |" in table[2] and table[2].endswith("| NO |")
     summary = next(tmp_path.glob("patches/*/summary.json"))

@@ -43,9 +43,10 @@ from tools.core import contract, results
 from tools.environments import envs, matrix
 from tools.launch import harness
 from tools.launch.launcher import How, Launcher, Run
-from tools.series import claims, patches
+from tools.series import claims, kept, patches
 from tools.series.patched import patched_env, run, scratch, site_packages
 from tools.series.series_gates import REPEAT, summary, upstream
+from tools.series.upstream_tests import gate
 
 TRIES = 3  # runs of a user's script that keeps dying of a signal before its row says "skip"
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -99,10 +100,14 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
         after_py = patched_env(args, tmp / "after", fixed, cell_py)
         after = run(patch, after_py, logs / "after")
         still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
+        setups = (kept.kept_gate(before_py, after_py, tuple(e.name for e in earlier), patch.name, cell.id,
+                                 logs / "kept", log=log) if patch.target == "lightning"
+                  else gate(True, "not run: a torch patch (the setups are Lightning's)"))
     row["before"], row["after"] = before.verdict, after.verdict
     row["after_detail"] = detail(after)
     row["series_still_fixed"] = still
-    row["checkouts"], row["gates"] = upstream(patch, cell, out, repeat, log)
+    row["checkouts"], gates = upstream(patch, cell, out, repeat, log)
+    row["gates"] = {**gates, "setups kept": setups}  # upstream's answer is shared by the patch's cells
     row["upstream_tests"] = row["gates"]["upstream tests"]["text"]  # what `nox -s pr` quotes
     row["ok"] = ("fails" not in row["checkouts"]
                  and checked.state in ("applies", "drift")

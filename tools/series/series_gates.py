@@ -26,6 +26,7 @@ REPEAT = 5  # runs of each new multi-process test (the flaky gate)
 
 GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
          "changelog", "open upstream work", "claims", "behaviour kept")
+CELL_GATES = ("setups kept",)  # run in the cell's environments, per row (tools/series/kept.py)
 
 
 OTHER_GATES = ("types", "lint", "license", "changelog")  # tools/series/gates.py's
@@ -331,14 +332,15 @@ def _fmt(counts: dict[str, int]) -> str:
 
 def summary(rows: list[dict]) -> str:
     head = ["patch", "cell", "applies (wheel; checkouts)", "before", "after", "earlier patches still",
-            *GATES, "ok"]
+            *GATES, *CELL_GATES, "ok"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         still = ", ".join(f"{n.split('.')[0]}: {v}" for n, v in r["series_still_fixed"].items()) or "-"
         before = r["before"] + (f": {r['before_detail']}" if r.get("before_detail") else "")
         gates = r.get("gates") or {}
         cells = [r["patch"], r["cell"], f"{r['applies']}; {r['checkouts']}", before,
-                 f"{r['after']}: {r['after_detail']}", still, *(gate_text(gates.get(n)) for n in GATES),
+                 f"{r['after']}: {r['after_detail']}", still,
+                 *(gate_text(gates.get(n)) for n in (*GATES, *CELL_GATES)),
                  "yes" if r["ok"] else "NO"]
         lines.append("| " + " | ".join(str(c).replace("|", "/").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
