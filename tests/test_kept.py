@@ -62,16 +62,21 @@ def test_the_after_of_one_patch_is_not_run_again_as_the_before_of_the_next(tmp_p
     assert runs == [{"n": "0"}, {"n": "1"}, {"n": "2"}]
 
 
-def series_patch(stem: str) -> patches.Patch:
-    return next(p for p in patches.series() if p.path.stem == stem)
+# patch 4 of the series as it was (a restore of the whole module's trainable set), kept beside the
+# review comment it became
+WHOLE_MODULE_RESTORE = patches.PATCHES / "comments" / "21902-whole-module-restore.patch"
 
 
 def real_gate(tmp_path, stem: str, case: str) -> dict:
-    """The gate for one patch of the series and one case, on the installed Lightning: before with
-    the series' earlier Lightning patches, after with this one too (patched copies on PYTHONPATH)."""
+    """The gate for one patch and one case, on the installed Lightning: before with the series'
+    earlier Lightning patches (none for a patch outside the series), after with this one too
+    (patched copies on PYTHONPATH)."""
     everything = patches.series()
-    patch = series_patch(stem)
-    earlier = [p for p in everything[:everything.index(patch)] if p.target == "lightning"]
+    patch = next((p for p in everything if p.path.stem == stem), None)
+    if patch is None:
+        patch, earlier = patches.parse(patches.PATCHES / "comments" / f"{stem}.patch"), []
+    else:
+        earlier = [p for p in everything[:everything.index(patch)] if p.target == "lightning"]
     sides = []
     for name, applied in (("before", earlier), ("after", [*earlier, patch])):
         folder = patched_copy(tmp_path / name, applied)
@@ -84,7 +89,7 @@ def real_gate(tmp_path, stem: str, case: str) -> dict:
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stem, case", [("lightning-ddp-rewrap-on-trainable-change", "toggle-per-step"),
-                                        ("lightning-finetuning-resume-unfrozen", "frozen-in-init-resume")])
+                                        (WHOLE_MODULE_RESTORE.stem, "frozen-in-init-resume")])
 def test_the_gate_fails_a_patch_that_breaks_a_setup_that_works_today(tmp_path, stem, case):
     g = real_gate(tmp_path, stem, case)
     assert not g["ok"], g["text"]

@@ -34,8 +34,20 @@ def test_each_lightning_patch_applies_at_its_base_on_top_of_the_earlier_ones(tmp
     repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
 
 
+def test_each_lightning_patch_applies_alone_at_master_changelog_included(tmp_path):
+    """Each patch becomes its own PR: on master without the others, every hunk (the CHANGELOG's
+    too) lands, at most moved (no fuzz)."""
+    repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
+    wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
+    for patch in [p for p in patches.series() if p.target == "lightning"]:
+        assert any(f.endswith("CHANGELOG.md") for f in patch.files), patch.name
+        states = series_gates.checkout_states(patch, repo, wt, [])
+        assert states.split("; ")[1].startswith(("master: applies", "master: drift")), (patch.name, states)
+    repo.git.worktree("remove", "--force", str(tmp_path / "wt"))
+
+
 def test_an_unknown_base_is_reported_not_raised(tmp_path):
-    (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
+    (patch,) = patches.named("lightning-finetuning-equal-params.patch")
     patch.headers["X-Base"] = "no-such-ref-anywhere"
     repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     wt = gitrange.Worktree(repo, tmp_path / "wt", sparse=("src", "tests"))
@@ -117,10 +129,7 @@ def test_a_patch_that_breaks_an_existing_test_fails_the_existing_tests_gate(tmp_
 
 @pytest.mark.timeout(900)
 def test_the_finetuning_patch_keeps_every_existing_test_passing(tmp_path, monkeypatch):
-    found = [p for p in patches.series() if p.name == "lightning-finetuning-resume-unfrozen.patch"]
-    if not found:
-        pytest.skip("the finetuning patch is not in the series")
-    (patch,) = found
+    (patch,) = patches.named("lightning-finetuning-equal-params.patch")
     gates = existing_tests_gate(monkeypatch, patch, tmp_path / "out")
     existing = gates["existing tests"]
     assert existing["ok"], existing["text"]
@@ -134,7 +143,7 @@ def test_the_open_upstream_work_of_a_patch_on_the_real_history():
     CHANGELOG (or names the issue); where the patch stands beside it was checked."""
     from tools.series import open_work
 
-    (patch,) = patches.named("lightning-finetuning-resume-unfrozen.patch")
+    (patch,) = patches.named("lightning-finetuning-equal-params.patch")
     repo = gitrange.open_repo(REPO, patched.CACHE / "repos")
     master = gitrange.resolve(repo, "master")
     issue = open_work.issue_number(patch.headers["Bug"])

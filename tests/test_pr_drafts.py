@@ -155,14 +155,18 @@ def test_handwritten_drafts_are_copied_as_they_are(workspace):
     plain = "### Bug description\n\nWritten by hand, kept byte for byte.\n"
     (issues / "plain.md").write_text(plain)
     (issues / "with-repro.md").write_text("---\ntitle: a new bug\nrepro: 20340\n---\n\n" + plain)
+    (workspace / "patches" / "comments").mkdir()
+    review = "**Question 1.** Would restoring before the wrap work?\n"
+    (workspace / "patches" / "comments" / "21902.md").write_text(review)
     (workspace / "patches" / "fix-resume.patch").write_text(
         (workspace / "patches" / "fix-resume.patch").read_text().replace("Bug: none",
                                                                          "Bug: patches/issues/plain.md"))
     assert pr_bundle.main([]) == 0
     out = comment_dir(workspace)
-    assert sorted(p.name for p in out.iterdir()) == ["issue-111.md", "new-issue-plain.md",
+    assert sorted(p.name for p in out.iterdir()) == ["comment-21902.md", "issue-111.md", "new-issue-plain.md",
                                                      "new-issue-with-repro.md"]
     assert (out / "new-issue-plain.md").read_text() == plain
+    assert (out / "comment-21902.md").read_text() == review
     text = (out / "new-issue-with-repro.md").read_text()
     assert text.startswith(plain + "\n### Recorded runs\n\n")
     assert "| pl2_6_6_torch2_13_0 | pytorch-lightning 2.6.6 | 2.13.0+cpu (>=2.1.0) | " \

@@ -11,6 +11,8 @@
   front matter names a ``repro``), or, for a patch whose ``Bug`` names neither an issue nor such a
   draft (``Bug: none``), a draft under the headings of Lightning's bug report form
   (``.github/ISSUE_TEMPLATE/1_bug_report.yaml``).
+- ``comment-<name>.md`` for every ``patches/comments/<name>.md``: a comment for an upstream pull
+  request (a review), as it is.
 """
 
 from __future__ import annotations
@@ -203,4 +205,6 @@ def texts(folder: Path | None = None) -> dict[str, str]:
         out[f"issue-{number}.md"] = comment(number, chosen, asked.get(number, []))
     for stem, path in drafts.items():
         out[f"new-issue-{stem}.md"] = handwritten(path)
+    for path in sorted((folder / "comments").glob("*.md")):  # reviews of upstream PRs, as written
+        out[f"comment-{path.stem}.md"] = handwritten(path)
     return out
