@@ -41,9 +41,20 @@ def scratch(prefix: str):
 
 def _uv(cmd: list[str], **kwargs) -> None:
     """``subprocess.run(cmd, check=True)``; when interrupted, uv is killed and waited for: it
-    must be gone before the folder it writes into is removed, or it writes on into the removal."""
-    with subprocess.Popen(cmd, **kwargs) as proc:
+    must be gone before the folder it writes into is removed, or it writes on into the removal.
+
+    SIGINT and SIGTERM are held while Popen starts uv: one landing inside Popen (it waits there
+    for uv's exec) would leave a uv that nothing kills or waits for. Held, it lands once ``proc``
+    can be killed. uv starts with them held too, and is killed with SIGKILL."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        proc = subprocess.Popen(cmd, **kwargs)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    with proc:
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal held meanwhile lands here
             code = proc.wait()
         except BaseException:
             # a second signal (plain nox sends SIGTERM 0.3 s after Ctrl-C) must not cut this
