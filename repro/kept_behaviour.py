@@ -37,6 +37,8 @@ CASES = {
     "resume-mid-epoch": "a fit resumed from a checkpoint saved mid-epoch ends at the step count of one fit",
     "resume-epoch-end": "a fit resumed from a checkpoint saved on an epoch's last batch ends at the "
                         "step count of one fit",
+    "resume-epoch-end-save": "a fit resumed from ModelCheckpoint's save at an epoch's end ends at the step "
+                             "count of one fit",
 }
 EPOCHS, STEPS_PER_EPOCH = 3, 4  # per rank: 32 samples, 2 ranks, batches of 4
 
@@ -67,6 +69,8 @@ def build(pl, torch, case: str, freeze_neck: bool = False, hooks: dict | None = 
                 self.neck.requires_grad_(False)
             self.automatic_optimization = case != "manual-optimization"
             self.frozen_at = None  # freeze-by-hand: the backbone's values when it was frozen
+            self.moved_while_frozen: list[str] = []  # the toggles: a block that moved in a frozen turn
+            self.turn = None  # (the frozen block, its values when the turn began)
 
         def forward(self, x):
             return self.head(torch.tanh(self.neck(torch.tanh(self.backbone(x)))))
@@ -91,6 +95,10 @@ def build(pl, torch, case: str, freeze_neck: bool = False, hooks: dict | None = 
             if case == "toggle-per-step":
                 self.take_turns(self.global_step)
 
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if case == "toggle-per-step":
+                self.end_turn(f"step {self.global_step}")
+
         def on_train_epoch_start(self):
             if case in ("toggle-per-epoch", "hooks"):
                 self.take_turns(self.current_epoch)
@@ -98,9 +106,20 @@ def build(pl, torch, case: str, freeze_neck: bool = False, hooks: dict | None = 
                 self.backbone.requires_grad_(False)
                 self.frozen_at = [p.detach().clone() for p in self.backbone.parameters()]
 
+        def on_train_epoch_end(self):
+            if case in ("toggle-per-epoch", "hooks"):
+                self.end_turn(f"epoch {self.current_epoch}")
+
         def take_turns(self, n: int) -> None:
             self.backbone.requires_grad_(n % 2 == 0)
             self.neck.requires_grad_(n % 2 == 1)
+            frozen = "neck" if n % 2 == 0 else "backbone"
+            self.turn = (frozen, [p.detach().clone() for p in getattr(self, frozen).parameters()])
+
+        def end_turn(self, when: str) -> None:
+            frozen, values = self.turn
+            if any(not a.equal(b) for a, b in zip(values, getattr(self, frozen).parameters(), strict=True)):
+                self.moved_while_frozen.append(f"the {frozen}, frozen, moved in {when}")
 
         def training_step(self, batch, batch_idx):
             loss = self(batch[0]).pow(2).mean()
@@ -114,8 +133,9 @@ def build(pl, torch, case: str, freeze_neck: bool = False, hooks: dict | None = 
 
         def configure_optimizers(self):
             # every parameter, frozen ones too: SGD skips a parameter without a gradient, and the
-            # optimizer's one group keeps its size across a resume that freezes more
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+            # optimizer's one group keeps its size across a resume that freezes more; with momentum
+            # a zero gradient still moves a parameter, so "frozen" means no gradient at all
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
     return Net
 
@@ -175,6 +195,8 @@ def run_case(pl, torch, case: str, folder: str) -> tuple[int, str | None, dict]:
             calls = {str(k): v for k, v in hooks.items()}
             return BAD, f"kept: the user's {missing[0]} did not run", {"calls": calls}
         return GOOD, None, {"summary": "both hooks ran in every epoch"}
+    if model.moved_while_frozen:
+        return BAD, f"kept: {model.moved_while_frozen[0]}", {}
     still = [b for b in ("backbone", "neck", "head") if not moved(model.start, end, b)]
     if still:
         return BAD, f"kept: the {still[0]} did not train", {}
@@ -183,8 +205,13 @@ def run_case(pl, torch, case: str, folder: str) -> tuple[int, str | None, dict]:
 
 def resume(pl, torch, case: str, folder: str) -> tuple[int, str | None, dict]:
     at = STEPS_PER_EPOCH + (STEPS_PER_EPOCH // 2 if case == "resume-mid-epoch" else 0)
-    saver = callbacks_of(pl).ModelCheckpoint(dirpath=folder, every_n_train_steps=at, save_top_k=-1,
-                                             filename="{step}")
+    if case == "resume-epoch-end-save":  # ModelCheckpoint's own save when epoch 1 ends
+        saver = callbacks_of(pl).ModelCheckpoint(dirpath=folder, every_n_epochs=1, save_top_k=-1,
+                                                 filename="{step}", save_on_train_epoch_end=True)
+        at = 2 * STEPS_PER_EPOCH
+    else:
+        saver = callbacks_of(pl).ModelCheckpoint(dirpath=folder, every_n_train_steps=at, save_top_k=-1,
+                                                 filename="{step}")
     t, data = trainer(pl, torch, case, EPOCHS, folder, [saver])
     t.fit(build(pl, torch, case)(), data)
     ckpt = os.path.join(folder, f"step={at}.ckpt")
@@ -224,7 +251,10 @@ def resume_frozen_neck(pl, torch, folder: str) -> tuple[int, str | None, dict]:
         return BAD, f"kept: the neck frozen in __init__ is trainable after the resume ({trainable[0]})", {}
     if moved(model.start, snapshot(model), "neck"):
         return BAD, "kept: the neck frozen in __init__ changed after the resume", {}
-    return GOOD, None, {"summary": "the neck frozen in __init__ stayed frozen and unchanged"}
+    if t.global_step != 4 * STEPS_PER_EPOCH or not moved(model.start, snapshot(model), "head"):
+        return BAD, f"kept: the resumed fit did not train (it ended at step {t.global_step})", {}
+    return GOOD, None, {"summary": "the neck frozen in __init__ stayed frozen and unchanged; the head "
+                                   "trained"}
 
 
 def main(argv=None) -> None:

@@ -80,6 +80,18 @@ def test_numbers_are_generalized_when_the_good_output_still_does_not_match():
     assert not re.search(found.regex, "last.ckpt is a link: False")
 
 
+def test_a_paths_folders_differ_between_the_report_and_the_runs_and_from_run_to_run():
+    """The run prints where it wrote (a temporary folder of its own), the report what the reporter
+    saw (their folder, or a name alone): the line is the same bug's, and the predicate must match
+    the next run's folder too."""
+    report = "### Error messages and logs\n\n```\nlast.ckpt is a link: True epoch=1-step=4.ckpt\n```\n"
+    found = predicate((0, "last.ckpt is a link: True /sandbox/tmp/tmpa1b2/ckpts/epoch=1-step=4.ckpt\n"),
+                      (0, "last.ckpt is a link: False\n"), report)
+    assert isinstance(found, Predicate) and found.option == "bad_output", found
+    assert re.search(found.regex, "last.ckpt is a link: True /tmp/tmpzz9/ckpts/epoch=1-step=4.ckpt")
+    assert not re.search(found.regex, "last.ckpt is a link: False")
+
+
 def test_an_exit_1_with_a_printed_line_is_a_signature_and_a_crash_the_report_does_not_quote_its_exception():
     printed = predicate((1, "REGRESSION: 3 batches skipped\n"), (0, "all batches seen\n"),
                         "Error messages:\n\n    REGRESSION: 3 batches skipped\n")

@@ -38,13 +38,25 @@ def test_a_setup_good_before_and_bad_after_fails_the_gate_by_name(tmp_path, verd
     said, runs = verdicts
     said.update({((), "a"): "good", (("p",), "a"): "good", ((), "b"): "good", (("p",), "b"): "bad",
                  ((), "c"): "bad", (("p",), "c"): "bad", ((), "d"): "good", (("p",), "d"): "skip"})
-    g = kept.kept_gate(None, None, (), "p", CELL, tmp_path, only=["a", "b", "c", "d"], log=lambda m: None)
+    g = kept.kept_gate(None, None, (), ("p",), CELL, tmp_path, only=["a", "b", "c", "d"], log=lambda m: None)
     assert not g["ok"]
     assert g["text"] == ("1 of 3 setups that work before still work; broken: b (bad after: b as said); "
                          "d (skip after: d as said); not counted: c (bad before)")
     said[(("p",), "b")] = said[(("p",), "d")] = "good"
-    assert kept.kept_gate(None, None, (), "p", CELL, tmp_path, only=["b", "d"], log=lambda m: None)["ok"]
+    assert kept.kept_gate(None, None, (), ("p",), CELL, tmp_path, only=["b", "d"], log=lambda m: None)["ok"]
     assert len(runs) == 12
+
+
+def test_a_gate_that_checked_nothing_or_could_not_run_a_case_fails(tmp_path, verdicts):
+    said, _ = verdicts
+    said.update({((), "c"): "bad", (("p",), "c"): "bad", ((), "e"): "error", (("p",), "e"): "error"})
+    nothing = kept.kept_gate(None, None, (), ("p",), CELL, tmp_path, only=["c"], log=lambda m: None)
+    assert nothing == {"ok": False, "text": "0 of 0 setups that work before still work; not counted: "
+                                            "c (bad before) (nothing was checked)"}
+    said.update({((), "a"): "good", (("p",), "a"): "good"})
+    unrun = kept.kept_gate(None, None, (), ("p",), CELL, tmp_path, only=["a", "e"], log=lambda m: None)
+    assert unrun == {"ok": False, "text": "1 of 1 setups that work before still work; could not run "
+                                          "before: e (e as said)"}
 
 
 def test_the_after_of_one_patch_is_not_run_again_as_the_before_of_the_next(tmp_path, monkeypatch):
@@ -55,10 +67,10 @@ def test_the_after_of_one_patch_is_not_run_again_as_the_before_of_the_next(tmp_p
 
     monkeypatch.setattr(kept, "_VERDICTS", {})
     monkeypatch.setattr(kept.Launcher, "run", lambda self, run: runs.append(run.env) or Result())
-    kept.kept_gate("py", "py", (), "p1", CELL, tmp_path, only=["a"], envs=({"n": "0"}, {"n": "1"}),
+    kept.kept_gate("py", "py", (), ("p1",), CELL, tmp_path, only=["a"], envs=({"n": "0"}, {"n": "1"}),
                    log=lambda m: None)
-    kept.kept_gate("py", "py", ("p1",), "p2", CELL, tmp_path, only=["a"], envs=({"n": "1"}, {"n": "2"}),
-                   log=lambda m: None)
+    kept.kept_gate("py", "py", ("p1",), ("p1", "p2"), CELL, tmp_path, only=["a"],
+                   envs=({"n": "1"}, {"n": "2"}), log=lambda m: None)
     assert runs == [{"n": "0"}, {"n": "1"}, {"n": "2"}]
 
 
@@ -82,8 +94,20 @@ def real_gate(tmp_path, stem: str, case: str) -> dict:
         folder = patched_copy(tmp_path / name, applied)
         sides.append({"PYTHONPATH": str(folder)})
     kept._VERDICTS.clear()
-    return kept.kept_gate(sys.executable, sys.executable, tuple(p.name for p in earlier), patch.name, CELL,
-                          tmp_path / "logs", only=[case], envs=tuple(sides), log=print)
+    return kept.kept_gate(sys.executable, sys.executable, tuple(p.name for p in earlier),
+                          tuple(p.name for p in (*earlier, patch)), CELL, tmp_path / "logs", only=[case],
+                          envs=tuple(sides), log=print)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_every_setup_works_on_the_installed_release(tmp_path, monkeypatch):
+    """What the gate stands on: each case is good as released (a case bad or unable to run here
+    would be dropped from every row as "not counted")."""
+    monkeypatch.setattr(kept, "_VERDICTS", {})
+    for case in kept.cases():
+        got = kept.verdict((sys.executable, {}), (), CELL, case, tmp_path / case)
+        assert got[0] == "good", (case, got)
 
 
 @pytest.mark.ddp

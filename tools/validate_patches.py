@@ -46,7 +46,6 @@ from tools.launch.launcher import How, Launcher, Run
 from tools.series import claims, kept, patches
 from tools.series.patched import patched_env, run, scratch, site_packages
 from tools.series.series_gates import REPEAT, summary, upstream
-from tools.series.upstream_tests import gate
 
 TRIES = 3  # runs of a user's script that keeps dying of a signal before its row says "skip"
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
@@ -100,9 +99,9 @@ def validate(patch: patches.Patch, cell: matrix.Cell, out: Path, earlier: list[p
         after_py = patched_env(args, tmp / "after", fixed, cell_py)
         after = run(patch, after_py, logs / "after")
         still = {e.name: run(e, after_py, logs / f"after-{e.path.stem}").verdict for e in earlier}
-        setups = (kept.kept_gate(before_py, after_py, tuple(e.name for e in earlier), patch.name, cell.id,
-                                 logs / "kept", log=log) if patch.target == "lightning"
-                  else gate(True, "not run: a torch patch (the setups are Lightning's)"))
+        # the setups test torch's DDP as much as Lightning: they run for a torch patch too
+        setups = kept.kept_gate(before_py, after_py, tuple(e.name for e in earlier),
+                                tuple(e.name for e in fixed), cell.id, logs / "kept", log=log)
     row["before"], row["after"] = before.verdict, after.verdict
     row["after_detail"] = detail(after)
     row["series_still_fixed"] = still

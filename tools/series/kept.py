@@ -51,17 +51,25 @@ def verdict(side: tuple[Path, dict], applied: tuple[str, ...], cell: str, case: 
     return _VERDICTS[key]
 
 
-def kept_gate(before: Path, after: Path, earlier: tuple[str, ...], patch: str, cell: str, logs: Path,
-              only: list[str] | None = None, envs: tuple[dict, dict] = ({}, {}), log=print) -> dict:
-    """Every case (or those of ``only``) in the Python ``before`` (``earlier`` applied) and in
-    ``after`` (``patch`` too); ``envs``: each side's variables."""
+def kept_gate(before: Path, after: Path, earlier: tuple[str, ...], applied: tuple[str, ...], cell: str,
+              logs: Path, only: list[str] | None = None, envs: tuple[dict, dict] = ({}, {}),
+              log=print) -> dict:
+    """Every case (or those of ``only``) in the Python ``before`` (the patches ``earlier``
+    applied) and in ``after`` (the patches ``applied``: with this one, when it applied);
+    ``envs``: each side's variables.
+
+    It fails on a case good before and not good after, on a case that could not run at all before
+    (the harness's error: the gate would not know), and when no case was good before (nothing
+    was checked)."""
     before, after = (before, envs[0]), (after, envs[1])
-    broken, uncounted, kept = [], [], []
+    broken, uncounted, kept, unrun = [], [], [], []
     for case in only or cases():
-        was, _ = verdict(before, earlier, cell, case, logs / f"{case}-before")
-        now, why = verdict(after, (*earlier, patch), cell, case, logs / f"{case}-after")
+        was, why_before = verdict(before, earlier, cell, case, logs / f"{case}-before")
+        now, why = verdict(after, applied, cell, case, logs / f"{case}-after")
         log(f"    setup {case}: before {was}, after {now}")
-        if was != "good":
+        if was == "error":
+            unrun.append(f"{case} ({why_before})")
+        elif was != "good":
             uncounted.append(f"{case} ({was} before)")
         elif now != "good":
             broken.append(f"{case} ({now} after: {why})")
@@ -70,6 +78,10 @@ def kept_gate(before: Path, after: Path, earlier: tuple[str, ...], patch: str, c
     text = f"{len(kept)} of {len(kept) + len(broken)} setups that work before still work"
     if broken:
         text += "; broken: " + "; ".join(broken)
+    if unrun:
+        text += "; could not run before: " + "; ".join(unrun)
     if uncounted:
         text += "; not counted: " + ", ".join(uncounted)
-    return gate(not broken, text)
+    if not kept and not broken:
+        text += " (nothing was checked)"
+    return gate(kept and not broken and not unrun, text)

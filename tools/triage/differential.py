@@ -46,6 +46,9 @@ NOISE = re.compile(r"^(?:GPU available|TPU available|HPU available|IPU available
                    r"(?:Trainable|Non-trainable|Total) params|Total estimated|Modules in (?:train|eval) mode|"
                    r"\|?\s*(?:\||Name\b|-{3,})|-{3,}|.*(?:Warning|warnings\.warn|rank_zero_warn)\b)", re.I)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# a path: its folders differ from machine to machine and run to run (a temporary folder); what
+# stays is its last part
+_PATH = re.compile(r"\S*/(\S+)")
 
 
 @dataclass
@@ -84,15 +87,24 @@ def _lines(text: str) -> list[str]:
 
 
 def _shape(line: str) -> str:
-    return _NUMBER.sub("#", line)
+    return _NUMBER.sub("#", _PATH.sub(r"\1", line))
+
+
+def _numbers_loose(text: str) -> str:
+    return "".join(r"\d+(?:\.\d+)?" if _NUMBER.fullmatch(part) else _escape(part)
+                   for part in re.split(r"(\d+(?:\.\d+)?)", text) if part)
 
 
 def line_regex(line: str, others: str) -> str | None:
-    """``line`` as a regex for a whole line (``(?m)^...$``): its numbers generalized, unless that
-    would match a line of ``others`` (the working release's output), then as it is; None when even
-    that matches there ("saved" against "saved to model.ckpt" is refused by the anchors)."""
-    loose = "".join(r"\d+(?:\.\d+)?" if _NUMBER.fullmatch(part) else _escape(part)
-                    for part in re.split(r"(\d+(?:\.\d+)?)", line) if part)
+    """``line`` as a regex for a whole line (``(?m)^...$``): its numbers generalized, and its paths'
+    folders, unless that would match a line of ``others`` (the working release's output), then as
+    it is; None when even that matches there ("saved" against "saved to model.ckpt" is refused by
+    the anchors)."""
+    pieces, end = [], 0
+    for path in _PATH.finditer(line):
+        pieces += [_numbers_loose(line[end:path.start()]), r"(?:\S*/)?" + _numbers_loose(path.group(1))]
+        end = path.end()
+    loose = "".join(pieces) + _numbers_loose(line[end:])
     for body in (loose, _escape(line)):
         regex = rf"(?m)^\s*{body}\s*$"
         if not re.search(regex, others):
