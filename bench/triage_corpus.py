@@ -2,7 +2,10 @@
 triaged once (one run per cell, the release bisect, no minimization, no commit tier), its
 comment's first line against the one expected; a table (expected, got, seconds) and the accuracy.
 
-    python bench/triage_corpus.py --python .nox/tests/bin/python [--only NAME ...] [--out FILE]
+    python bench/triage_corpus.py --python .nox/tests/bin/python [--only NAME ...] [--out DIR]
+
+``--out DIR``: ``summary.json`` (the rows) and ``summary.md`` (the table and the accuracy), written
+after every report, each atomically; ``nox -s findings -- --record triage=DIR`` records them.
 """
 
 import argparse
@@ -24,7 +27,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--python", required=True, help="the workspace's interpreter (the triage session's)")
     p.add_argument("--only", nargs="*", help="these reports only")
-    p.add_argument("--out", help="also write the rows as JSON here")
+    p.add_argument("--out", help="also write summary.json and summary.md into this folder")
     a = p.parse_args()
     expected = tomllib.loads((ISSUES / "expected.toml").read_text())
     rows = []
@@ -47,16 +50,26 @@ def main():
                      "seconds": seconds, "ok": ok})
         print(f"{'ok ' if ok else 'NO '} {name} ({seconds} s): {got[:160]}", file=sys.stderr, flush=True)
         if a.out:  # after every report, so that an interrupted bench keeps what it measured
-            part = Path(a.out + ".part")
-            part.write_text(json.dumps(rows, indent=1))
-            part.replace(a.out)
-    print("| report | shape | expected | got | s | |\n|---|---|---|---|---|---|")
+            write(Path(a.out), "summary.json", json.dumps(rows, indent=1))
+            write(Path(a.out), "summary.md", table(rows))
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| report | shape | expected | got | s | |", "|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['report']} | {r['shape']} | `{r['expected']}` | {r['got'][:200].replace('|', '/')} | "
-              f"{r['seconds']} | {'ok' if r['ok'] else '**no**'} |")
+        got, ok = r["got"][:200].replace("|", "/"), "ok" if r["ok"] else "**no**"
+        lines.append(f"| {r['report']} | {r['shape']} | `{r['expected']}` | {got} | {r['seconds']} | {ok} |")
     right = sum(r["ok"] for r in rows)
-    share = right / max(len(rows), 1)
-    print(f"\n{right} of {len(rows)} reports give their expected first line ({share:.0%})")
+    return "\n".join(lines) + (f"\n\n{right} of {len(rows)} reports give their expected first line "
+                               f"({right / max(len(rows), 1):.0%})\n")
+
+
+def write(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / f".{name}.part"
+    part.write_text(text)
+    part.replace(folder / name)
 
 
 if __name__ == "__main__":

@@ -196,6 +196,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, data, capsys, case):
         assert not data.exists()
 
 
+def test_a_triage_corpus_bench_is_recorded_with_its_accuracy_and_a_foreign_table_refused(tmp_path, data,
+                                                                                         capsys):
+    run = tmp_path / "results" / "triage-corpus" / "20261206-080020"
+    run.mkdir(parents=True)
+    rows = [{"report": "hang", "shape": "a hang", "expected": "reproduced", "got": "reproduced 1/1",
+             "seconds": 9, "ok": True}]
+    (run / "summary.json").write_text(json.dumps(rows))
+    (run / "summary.md").write_text("| report | shape | expected | got | s | |\n|---|---|---|---|---|---|\n"
+                                    "| hang | a hang | `reproduced` | reproduced 1/1 | 9 | ok |\n\n"
+                                    "1 of 1 reports give their expected first line (100%)\n")
+    assert findings.main(["--record", f"triage={run}"]) == 0
+    text = (tmp_path / "FINDINGS.md").read_text()
+    section = text.split("## The triage on the corpus of report shapes", 1)[1]
+    assert "1 of 1 reports give their expected first line (100%)" in section
+    assert "python bench/triage_corpus.py --python .nox/tests/bin/python --out DIR" in section
+    capsys.readouterr()
+    (run / "summary.md").write_text("| scenario | kind |\n")
+    assert findings.main(["--record", f"triage={run}"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run / 'summary.md'}: not a summary of bench/")
+
+
 def test_the_committed_findings_are_what_the_committed_data_gives():
     """FINDINGS.md is generated: edited by hand, or data changed without `nox -s findings`, fails."""
     assert findings.OUTPUT.read_text(encoding="utf-8") == findings.render()

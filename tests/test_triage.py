@@ -834,3 +834,18 @@ def test_a_scripts_own_assert_is_its_signature_only_with_a_message():
     assert triage.signatures.assert_message("x = 1\nassert x == 2, 'ranks hold different weights'\n") == \
         "ranks hold different weights"
     assert triage.signatures.assert_message("assert x == 2\n") is None  # torch's asserts raise the same class
+
+
+def test_a_traceback_line_the_posted_code_lacks_is_found_white_space_aside():
+    """The report's failing line, read under the frame that raised; when the posted code lacks it,
+    no run of that code can reach it (the triage then asks for the script that made it)."""
+    from tools.triage import signatures
+
+    tb = ('Traceback (most recent call last):\n  File "train.py", line 12, in <module>\n'
+          '    assert step == 10, f"step is {step}"\nAssertionError: step is 12, expected 10\n')
+    line = signatures.failing_line(tb, r"AssertionError: step is \d+")
+    assert line == 'assert step == 10, f"step is {step}"'
+    assert signatures.posted_without(line, "import torch\n\nclass Net:\n    pass\n")
+    assert not signatures.posted_without(line, 'if True:\n    assert  step == 10,  f"step is {step}"\n')
+    assert signatures.failing_line("AssertionError: step is 12\n", r"AssertionError") is None  # no frame
+    assert not signatures.posted_without(None, "anything")

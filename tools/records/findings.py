@@ -34,15 +34,18 @@ from tools.core import contract, results
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "findings"
 OUTPUT = ROOT / "FINDINGS.md"
-KINDS = ("repro", "stress", "bisect", "patches")
+KINDS = ("repro", "stress", "bisect", "patches", "triage")
 FILES = {"repro": ("summary.json",), "stress": ("summary.md",),
-         "bisect": ("report.json", "report.md"), "patches": ("summary.json", "summary.md")}
+         "bisect": ("report.json", "report.md"), "patches": ("summary.json", "summary.md"),
+         "triage": ("summary.json", "summary.md")}
 TITLES = {"repro": "Repro matrix (`nox -s repro`)",
           "stress": "#20706 stress scenarios (`repro/ddp_weakref_stress.py`)",
           "bisect": "Bisects (`nox -s bisect`)",
-          "patches": "Patch validation (`nox -s patches`)"}
+          "patches": "Patch validation (`nox -s patches`)",
+          "triage": "The triage on the corpus of report shapes (`bench/triage_corpus.py`)"}
 HOW = {"repro": "nox -s repro", "bisect": "nox -s bisect -- ...", "patches": "nox -s patches",
-       "stress": "python repro/ddp_weakref_stress.py --out DIR"}
+       "stress": "python repro/ddp_weakref_stress.py --out DIR",
+       "triage": "python bench/triage_corpus.py --python .nox/tests/bin/python --out DIR"}
 STRESS_SCRIPT = "repro/ddp_weakref_stress.py"
 BISECT_REPRO = "repro/backbone_finetuning_ddp.py"  # the script of a bisect recorded when it was the default
 STAMP = re.compile(r"^(\d{4})(\d\d)(\d\d)-(\d\d)(\d\d)(\d\d)$")  # results.run_dir's folder names
@@ -109,6 +112,8 @@ def check(kind: str, folder: Path, files: dict[str, str]) -> None:
         results.read_patch_summary(folder / "summary.json")  # its BadInput is the contract's
     if kind == "stress" and not files["summary.md"].startswith("| scenario |"):
         raise BadInput(f"{folder / 'summary.md'}: not a summary of the stress catalogue")
+    if kind == "triage" and not files["summary.md"].startswith("| report |"):
+        raise BadInput(f"{folder / 'summary.md'}: not a summary of bench/triage_corpus.py")
 
 
 # -- recording a run --------------------------------------------------------------------------
@@ -197,7 +202,13 @@ def _patches_meta(folder: Path, files: dict[str, str]) -> dict:
             "versions": "per row: the matrix cell (Lightning x torch releases) it ran in"}
 
 
-META = {"repro": _repro_meta, "stress": _stress_meta, "bisect": _bisect_meta, "patches": _patches_meta}
+def _triage_meta(folder: Path, files: dict[str, str]) -> dict:
+    return {"name": "corpus", "command": HOW["triage"],
+            "versions": "per report: the releases its triage chose (the reporter's, the newest)"}
+
+
+META = {"repro": _repro_meta, "stress": _stress_meta, "bisect": _bisect_meta, "patches": _patches_meta,
+        "triage": _triage_meta}
 
 
 def parse_record(spec: str) -> tuple[str, Path]:
@@ -429,7 +440,7 @@ def section(r: Record) -> list[str]:
 
 
 def not_recorded(kind: str) -> str:
-    record_it = f"nox -s findings -- --record {kind}" + ("=DIR" if kind == "stress" else "")
+    record_it = f"nox -s findings -- --record {kind}" + ("=DIR" if kind in ("stress", "triage") else "")
     return f"Not recorded yet: run `{HOW[kind]}` then `{record_it}`."
 
 

@@ -184,6 +184,7 @@ def _signature(args, r: Report, t: dict) -> None:
         t["quoted_error"] = f"{quoted[0]}: {quoted[1]}"
     if signature and r.tbs:
         site = signatures.report_site("\n".join(r.tbs), signature)
+        t["failing_line"] = signatures.failing_line("\n".join(r.tbs), signature)
     check = args.check_replicas
     drift = signatures.DRIFT.search(re.sub(r"(?<!\n)\n(?!\n)", " ", r.text))  # (a paragraph over lines)
     if not check and drift and not exc:
@@ -350,7 +351,13 @@ def _conclude(args, issue: read.Issue, t: dict, out: Path, path: Path, package: 
                        f"on {where}{comment.unstable_note(unstable)}{reporter}")
     elif not any(c.tested for c in cells):
         why = next((r for c in cells for r in c.reasons), "no run ended")
-        t["status"] = f"could not test: every run ended without a verdict ({why[:160]})"
+        line = t.get("failing_line")
+        if (t.get("site") or ("", ""))[1] == "(script)" and signatures.posted_without(line, path.read_text()):
+            # the traceback came from code the report does not show: the run cannot reach its line
+            t["status"] = (f"needs a repro: the line that raised in the report's traceback (`{line[:100]}`) "
+                           f"is not in the posted code, which stops before it ({why[:120]})")
+        else:
+            t["status"] = f"could not test: every run ended without a verdict ({why[:160]})"
         t["questions"] = comment.questions(issue)
     else:
         t["status"] = f"did not reproduce: {', '.join(f'{c.rate} on {c.lightning}' for c in cells)}"

@@ -110,6 +110,26 @@ def same_exception_in_own_code(here, site) -> bool:
     return bool(here and site and here[1] == site[1] == "(script)" and here[0] == site[0])
 
 
+def failing_line(traceback: str, signature: str) -> str | None:
+    """The source line a traceback shows under the frame that raised ``signature`` (its innermost
+    frame), or None when it shows none."""
+    from tools.minimize.source import EXCEPTION, FRAME
+
+    lines = traceback.splitlines()
+    for i, line in enumerate(lines):
+        if EXCEPTION.match(line) and re.search(signature, line):
+            frames = [k for k in range(i) if FRAME.match(lines[k])]
+            if frames and frames[-1] + 1 < i and not FRAME.match(lines[frames[-1] + 1]):
+                return re.sub(r"^\s*(?:\[rank\d+\]:\s*)?", "", lines[frames[-1] + 1]).strip() or None
+            return None
+    return None
+
+
+def posted_without(line: str | None, code: str) -> bool:
+    """The report's failing line is not in the code that was run (white space aside)."""
+    return bool(line) and " ".join(line.split()) not in " ".join(code.split())
+
+
 def normal_site(site: tuple[str, ...] | None) -> tuple[str, ...] | None:
     """(class, where, function) with a library path as fingerprint names it, a user's file as
     its function only (the reporter's path is not ours)."""
