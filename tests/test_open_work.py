@@ -49,7 +49,7 @@ def upstream(tmp_path):
                    BASE - 9 * DAY)
     # 1: squash-merged (master has "... (#1)"); 7: merged with a merge commit
     pull(repo, 1, {"a.py": lines((5, "squashed\n"))}, "squash me", BASE - 8 * DAY, start)
-    commit(repo, {"a.py": lines((5, "squashed\n"))}, "Squash me (#1)", BASE - 7 * DAY)
+    squashed = commit(repo, {"a.py": lines((5, "squashed\n"))}, "Squash me (#1)", BASE - 7 * DAY)
     seven = pull(repo, 7, {"b.py": lines((20, "merged\n"))}, "merge me", BASE - 6 * DAY, "master")
     repo.git.merge("-q", "--no-ff", "-m", "Merge pull request #7", seven)
     tip = commit(repo, {"b.py": lines((20, "merged\n"), (19, "on master\n"))}, "newest", BASE)
@@ -59,6 +59,8 @@ def upstream(tmp_path):
     pull(repo, 5, {"a.py": lines((5, "squashed\n"), (18, "far away\n"))}, "Change line 18", BASE - DAY, tip)
     pull(repo, 6, {"a.py": lines((5, "squashed\n"), (10, "old\n"))}, "Too old", BASE - 400 * DAY, tip)
     pull(repo, 8, {"a.py": lines((2, "stale\n")), "b.py": lines((19, "stale\n"))}, "Stale", BASE - DAY, start)
+    pull(repo, 9, {"a.py": lines((5, "squashed\n"), (15, "apart\n")), "b.py": lines((19, "clash\n"))},
+         "Stale, apart", BASE - DAY, squashed)
     (Path(repo.working_tree_dir) / "a.py").write_text(lines((5, "squashed\n"), (2, "ours\n")))
     diff = repo.git.diff("--src-prefix=a/", "--dst-prefix=b/") + "\n"
     repo.git.checkout("--", "a.py")
@@ -75,11 +77,14 @@ def test_the_prs_that_matter_and_where_the_patch_stands_beside_each(upstream):
     clone, diff = upstream
     found = related(clone, diff)
     # 1 and 7 were merged, 4 changes only the CHANGELOG, 6 is older than the window
-    assert sorted(found) == [2, 3, 5, 8]
+    assert sorted(found) == [2, 3, 5, 8, 9]
     assert found[2].applies == "conflicts in a.py" and found[2].touches == ["a.py"]
     assert found[3].names_issue and found[3].touches == [] and found[3].applies == "applies"
     assert found[5].applies == "applies" and found[5].title == "Change line 18"
-    assert found[8].applies == "the PR no longer merges into master"
+    # 8 no longer merges; on its own tree, line 2 of a.py is its own: the two change the same hunk
+    stale = "the PR no longer merges into master; on its own tree the patch "
+    assert found[8].applies == stale + "conflicts in a.py"
+    assert found[9].applies == stale + "applies"  # its change of a.py is far from the patch's
     assert not any(p.names_issue for n, p in found.items() if n != 3)
 
 
@@ -89,16 +94,17 @@ def test_a_pr_naming_the_issue_must_be_answered_by_the_description(upstream):
     silent = open_work.gate("Fix the thing.\n\nIt was wrong.", "77", prs)
     assert not silent["ok"] and silent["text"].startswith("#3 name its issue and the description does not")
     assert "it conflicts with #2 (conflicts in a.py)" in silent["text"]
-    assert "#8 no longer merge into master" in silent["text"]
+    assert ("no longer merging into master: #8 (on its own tree the patch conflicts in a.py); "
+            "#9 (on its own tree the patch applies)") in silent["text"]
     answered = open_work.gate("Fix the thing.\n\nUnlike #3, it keeps b.py.", "77", prs)
-    assert answered["ok"] and [p["number"] for p in answered["details"]["prs"]] == [2, 3, 5, 8]
+    assert answered["ok"] and [p["number"] for p in answered["details"]["prs"]] == [2, 3, 5, 8, 9]
 
 
 def test_another_issue_or_a_wider_window(upstream):
     clone, diff = upstream
-    assert sorted(related(clone, diff, issue="78")) == [2, 5, 8]  # 3 no longer matters
+    assert sorted(related(clone, diff, issue="78")) == [2, 5, 8, 9]  # 3 no longer matters
     wider = open_work.related(clone, "origin/master", ["a.py"], None, diff, days=500)
-    assert sorted(p.number for p in wider) == [2, 5, 6, 8]
+    assert sorted(p.number for p in wider) == [2, 5, 6, 8, 9]
     assert open_work.gate("x", None, [])["ok"]
 
 

@@ -348,7 +348,8 @@ def test_the_pr_body_says_where_the_change_stands_beside_the_related_open_prs(wo
     section = text.split("### Related open work\n\n")[1].split("\n###")[0]
     assert section.startswith("Unmerged PRs that change the same files or name the issue (checked against "
                               "master `0123456789`): #12 name its issue; it applies on top of #13; it "
-                              "conflicts with #12 (conflicts in src/x.py); #14 no longer merge into master.")
+                              "conflicts with #12 (conflicts in src/x.py); no longer merging into master: "
+                              "#14.")
     assert "- #12 (Rework the wrapper) names the issue: conflicts in src/x.py" in section
     assert "### Related open work" not in pr_bundle.body(patch, rows, None, [], "0123456789abcdef")
 

@@ -10,7 +10,8 @@ does not count as a shared file). Whether such a PR is still open, or was closed
 without a merge, git cannot tell: they are "not merged". Each is merged into master in a
 throwaway tree (``git merge-tree``) and the patch applied on top (``git apply --cached`` on a
 throwaway index): ``applies``, ``conflicts in <file>``, or ``the PR no longer merges into
-master``.
+master``, and then whether the patch applies on the PR's own tree instead (where the files and
+hunks the two share still meet).
 
 The gate fails when a PR names the patch's issue and the patch's description does not name that
 PR: how the two differ is for the description, and the PR body, to say. Conflicts fail nothing;
@@ -74,15 +75,22 @@ def candidates(repo: git.Repo, master: str, days: int = DAYS) -> list[tuple[int,
 
 
 def applies_on(repo: git.Repo, master: str, head: str, diff: str) -> str:
-    """Whether ``diff`` applies on ``master`` with the pull request ``head`` merged into it."""
+    """Whether ``diff`` applies on ``master`` with the pull request ``head`` merged into it; for a
+    PR that no longer merges, whether it applies on the PR's own tree (the files and hunks the two
+    share still meet there)."""
     merged = _git(repo, "merge-tree", "--write-tree", master, head)
     if merged.returncode == 1:
-        return "the PR no longer merges into master"
+        return f"the PR no longer merges into master; on its own tree the patch {_check(repo, head, diff)}"
     if merged.returncode:
         return f"not checked: git merge-tree failed ({(merged.stderr.strip().splitlines() or ['?'])[-1]})"
+    return _check(repo, merged.stdout.split()[0], diff)
+
+
+def _check(repo: git.Repo, tree: str, diff: str) -> str:
+    """``applies`` or ``conflicts in <files>``: ``diff`` on ``tree``, in a throwaway index."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        _git(repo, "read-tree", merged.stdout.split()[0], env=env)
+        _git(repo, "read-tree", tree, env=env)
         proc = _git(repo, "apply", "--cached", "--check", "-p1", "-", stdin=diff, env=env)
     if proc.returncode == 0:
         return "applies"
@@ -128,13 +136,15 @@ def summary(prs: list[PullRequest | dict]) -> str:
             kinds["applies"].append(f"#{p.number}")
         elif p.applies.startswith("conflicts"):
             kinds["conflicts"].append(f"#{p.number} ({p.applies})")
-        else:
-            kinds["stale"].append(f"#{p.number} ({p.applies})" if p.applies.startswith("not checked")
-                                  else f"#{p.number}")
+        elif p.applies.startswith("not checked"):
+            kinds["stale"].append(f"#{p.number} ({p.applies})")
+        else:  # no longer merges: where the patch stands on the PR's own tree, if that was checked
+            own = p.applies.partition("; on its own tree the patch ")[2]
+            kinds["stale"].append(f"#{p.number}" + (f" (on its own tree the patch {own})" if own else ""))
     parts = [*([f"{', '.join(named)} name its issue"] if named else []),
              *([f"it applies on top of {', '.join(kinds['applies'])}"] if kinds["applies"] else []),
              *([f"it conflicts with {'; '.join(kinds['conflicts'])}"] if kinds["conflicts"] else []),
-             *([f"{', '.join(kinds['stale'])} no longer merge into master"] if kinds["stale"] else [])]
+             *([f"no longer merging into master: {'; '.join(kinds['stale'])}"] if kinds["stale"] else [])]
     return "; ".join(parts)
 
 
