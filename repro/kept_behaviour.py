@@ -277,14 +277,14 @@ def main(argv=None) -> None:
     os.makedirs(folder, exist_ok=True)
     try:
         code, signature, details = run_case(pl, torch, args.case, folder)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # every rank done with the checkpoints before they go
     except Exception as err:
+        # no collective here: a rank that failed exits, and the harness ends a peer left waiting
         last = (str(err).strip().splitlines() or [""])[-1]
         code, signature, details = SKIP, None, {"reason": f"run failed: {type(err).__name__}: {last}"}
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
-        if rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
     details = {"case": args.case, **details}
     if signature:
         print(signature, flush=True)

@@ -849,3 +849,19 @@ def test_a_traceback_line_the_posted_code_lacks_is_found_white_space_aside():
     assert not signatures.posted_without(line, 'if True:\n    assert  step == 10,  f"step is {step}"\n')
     assert signatures.failing_line("AssertionError: step is 12\n", r"AssertionError") is None  # no frame
     assert not signatures.posted_without(None, "anything")
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(bool(sandbox.unavailable()), reason=str(sandbox.unavailable()))
+def test_a_traceback_from_code_the_report_does_not_show_asks_for_that_code(tmp_path):
+    """The posted module and main run, and stop before anything the traceback shows (no training
+    step): not "could not test", but the line that raised, which the posted code does not hold."""
+    code, out, err = run_triage(tmp_path, str(ISSUES / "two_blocks.md"), "--trials", "1", "--no-bisect",
+                                "--budget", "0", "--repo", "")
+    assert code == 0, err[-3000:]
+    data = json.loads((tmp_path / "out" / "triage.json").read_text())
+    assert data["failing_line"] == 'assert step == 10, f"step is {step} at 0x7f3a"'
+    assert data["status"].startswith("needs a repro: the line that raised in the report's traceback "
+                                     '(`assert step == 10, f"step is {step} at 0x7f3a"`) is not in the '
+                                     "posted code, which stops before it ("), data["status"]

@@ -5,7 +5,8 @@ frozen by hand, a module frozen in ``__init__`` across a resume, the user's hook
 manual optimization, resuming mid-epoch and at an epoch's end) is a two-rank DDP fit that checks
 what it is about, under the replica check. It runs in the patch's *before* environment (the cell
 with the earlier patches of the series) and in its *after* environment (with this patch too). A
-case that is good before and not good after fails the gate, by name. A case that is not good
+case that is good before and not good after fails the gate, by name; so do a case that could not
+run at all before (the harness's error) and a gate that checked nothing. A case bad or untestable
 before is not counted, and the text says so.
 
 The *after* of one patch is the *before* of the next in the same cell: a verdict is kept per

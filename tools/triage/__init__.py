@@ -247,6 +247,8 @@ def _prepare(args, r: Report, script: read.Script, t: dict, out: Path) -> tuple[
                     "bubblewrap: nobody, no capabilities, seccomp, the system read-only, a throwaway HOME, "
                     "TMPDIR and folder on a size-limited tmpfs, " +
                     ("the machine's network (--allow-network)" if args.allow_network else "loopback only"))
+    # the report's failing line against the code as posted (completed), before the CPU port edits it
+    t["failing_line_posted"] = not signatures.posted_without(t.get("failing_line"), script.code)
     code, changes, diff = port.cpu_port(script.code)
     nodes = port.topology(code)
     if nodes[0] > 1:  # the script's own num_nodes, run as that many nodes of one job here
@@ -352,7 +354,7 @@ def _conclude(args, issue: read.Issue, t: dict, out: Path, path: Path, package: 
     elif not any(c.tested for c in cells):
         why = next((r for c in cells for r in c.reasons), "no run ended")
         line = t.get("failing_line")
-        if (t.get("site") or ("", ""))[1] == "(script)" and signatures.posted_without(line, path.read_text()):
+        if (t.get("site") or ("", ""))[1] == "(script)" and line and not t.get("failing_line_posted", True):
             # the traceback came from code the report does not show: the run cannot reach its line
             t["status"] = (f"needs a repro: the line that raised in the report's traceback (`{line[:100]}`) "
                            f"is not in the posted code, which stops before it ({why[:120]})")
