@@ -74,10 +74,10 @@ def classify(text: str) -> str:
         return "ok"
     if text.rstrip().splitlines()[-1].startswith("NotApplicable:"):
         return "not_applicable"
+    if CLEAR_ERROR.search(text):  # a fix's message, also one added to torch's own (the raw error's text stays)
+        return "clear_error"
     if f"AttributeError: {SIGNATURE}" in text:  # the raw error itself, not a message quoting it
         return "signature"
-    if CLEAR_ERROR.search(text):
-        return "clear_error"
     if PEER_FAILURE.search(text):
         return "peer_failure"
     return "other_error"

@@ -269,3 +269,20 @@ def test_a_run_of_one_patch_replaces_only_its_rows_of_the_series(tmp_path, data)
         ([first], "2026-12-01 10:10:10"), ([second], "2026-12-02 10:10:10")]
     text = (tmp_path / "FINDINGS.md").read_text()
     assert f"{second}: run 2026-12-02 10:10:10" in text and f"{first}: run 2026-12-01 10:10:10" in text
+
+
+def test_the_rows_of_a_patch_that_left_the_series_are_dropped_when_another_is_recorded(tmp_path, data):
+    rows = json.loads((ROOT / "findings" / "patches" / "series" / "summary.json").read_text())
+    first, second = sorted({r["patch"] for r in rows})[:2]
+    old = [r for r in rows if r["patch"] in (first, second)]
+    gone = [{**r, "patch": "left-the-series.patch"} for r in old if r["patch"] == first]
+    runs = tmp_path / "results"
+    assert findings.main(["--record", f"patches={patches_run(runs, '20261201-101010', old + gone)}"]) == 0
+    again = [r for r in old if r["patch"] == second]
+    assert findings.main(["--record", f"patches={patches_run(runs, '20261202-101010', again)}"]) == 0
+    record = data / "patches" / "series"
+    merged = json.loads((record / "summary.json").read_text())
+    assert {r["patch"] for r in merged} == {first, second}
+    meta = json.loads((record / "record.json").read_text())
+    assert all("left-the-series.patch" not in e["rows"] for e in meta["rows_from"])
+    assert "left-the-series.patch" not in (record / "summary.md").read_text()

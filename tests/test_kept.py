@@ -3,6 +3,7 @@ patch; one that was good before and is not good after fails the gate by name."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import patched_copy
@@ -77,6 +78,9 @@ def test_the_after_of_one_patch_is_not_run_again_as_the_before_of_the_next(tmp_p
 # patch 4 of the series as it was (a restore of the whole module's trainable set), kept beside the
 # review comment it became
 WHOLE_MODULE_RESTORE = patches.PATCHES / "comments" / "21902-whole-module-restore.patch"
+# patch 1 as it was before its redesign: it wrapped again on freezing too, from a snapshot taken at
+# the epoch's start
+REWRAP_ON_ANY_CHANGE = Path(__file__).parent / "fixtures" / "kept" / "rewrap-on-any-change.patch"
 
 
 def real_gate(tmp_path, stem: str, case: str) -> dict:
@@ -85,8 +89,9 @@ def real_gate(tmp_path, stem: str, case: str) -> dict:
     (patched copies on PYTHONPATH)."""
     everything = patches.series()
     patch = next((p for p in everything if p.path.stem == stem), None)
-    if patch is None:
-        patch, earlier = patches.parse(patches.PATCHES / "comments" / f"{stem}.patch"), []
+    if patch is None:  # a patch as it was: on master alone
+        old = next(p for p in (WHOLE_MODULE_RESTORE, REWRAP_ON_ANY_CHANGE) if p.stem == stem)
+        patch, earlier = patches.parse(old), []
     else:
         earlier = [p for p in everything[:everything.index(patch)] if p.target == "lightning"]
     sides = []
@@ -112,7 +117,7 @@ def test_every_setup_works_on_the_installed_release(tmp_path, monkeypatch):
 
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("stem, case", [("lightning-ddp-rewrap-on-trainable-change", "toggle-per-step"),
+@pytest.mark.parametrize("stem, case", [(REWRAP_ON_ANY_CHANGE.stem, "toggle-per-step"),
                                         (WHOLE_MODULE_RESTORE.stem, "frozen-in-init-resume")])
 def test_the_gate_fails_a_patch_that_breaks_a_setup_that_works_today(tmp_path, stem, case):
     g = real_gate(tmp_path, stem, case)
@@ -123,7 +128,12 @@ def test_the_gate_fails_a_patch_that_breaks_a_setup_that_works_today(tmp_path, s
 
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
-def test_the_gate_passes_a_patch_that_keeps_the_setup(tmp_path):
-    """Patch 5 changes how a fit resumes after an epoch's last batch; the setup still works."""
-    g = real_gate(tmp_path, "lightning-last-batch-resume", "resume-epoch-end")
+@pytest.mark.parametrize("stem, case", [
+    # changes how a fit resumes after an epoch's last batch
+    ("lightning-last-batch-resume", "resume-epoch-end"),
+    # redesigned: it never wraps again on freezing
+    ("lightning-ddp-rewrap-on-trainable-change", "toggle-per-step"),
+])
+def test_the_gate_passes_a_patch_that_keeps_the_setup(tmp_path, stem, case):
+    g = real_gate(tmp_path, stem, case)
     assert g == {"ok": True, "text": "1 of 1 setups that work before still work"}, g

@@ -593,6 +593,23 @@ def test_pr_bundle_needs_an_issue_to_fix(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "pr").exists()
 
 
+def test_pr_bundle_asks_for_the_issue_a_draft_becomes(tmp_path, monkeypatch, capsys):
+    from tools import pr_bundle
+    from tools.core import results
+
+    text = GOOD.replace(b"Bug: https://example.com/1", b"Bug: patches/issues/some-bug.md")
+    folder = series_folder(tmp_path, monkeypatch, b"ok.patch\n", {"ok.patch": text})
+    (folder / "issues").mkdir()
+    (folder / "issues" / "some-bug.md").write_text("# a draft of the issue\n")
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    (patch,) = patches.named("ok.patch")
+    validated(tmp_path, patch)
+    assert pr_bundle.main(["ok.patch"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: ok.patch: Bug names the draft patches/issues/some-bug.md: file that issue upstream, "
+        "then put its URL in Bug"]
+
+
 def children(pid: int) -> list[tuple[int, str]]:
     """The processes whose parent is ``pid``, with their command lines (Linux /proc)."""
     out = []
@@ -1381,3 +1398,29 @@ def test_after_an_interrupt_a_late_second_one_is_still_ignored():
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130, proc.stderr
     assert proc.stdout.split() == ["untouched", "True", "still", "here"]
+
+
+@pytest.mark.parametrize(("outcomes", "returncode", "ok"), [
+    ({"t.py::a": "passed", "t.py::b": "passed"}, 0, True),
+    ({"t.py::a": "passed", "t.py::b": "failed"}, 1, False),
+    ({"t.py::a": "skipped", "t.py::b": "skipped"}, 0, False),  # nothing shown on that torch
+])
+def test_the_oldest_torch_gate_runs_the_added_tests_on_the_oldest_torch_of_lightnings_ci(
+        tmp_path, monkeypatch, outcomes, returncode, ok):
+    from datetime import datetime
+
+    from tools.series import upstream_tests as ut
+
+    asked = []
+    monkeypatch.setattr(series_gates.envs, "era_args", lambda reqs, torch, moment: [f"torch=={torch}", *reqs])
+    monkeypatch.setattr(series_gates.envs, "ensure",
+                        lambda name, args, log=None: asked.append(args) or tmp_path)
+    monkeypatch.setattr(series_gates.ut, "run_tests", lambda python, tree, tests, stem: ut.Report(
+        {n: outcomes[n] for n in tests}, returncode))
+    added = {"t.py::a": "def test_a(): ...", "t.py::b": "def test_b(): ..."}
+    gate = series_gates.oldest_torch_gate(["tqdm"], datetime(2026, 7, 1), tmp_path, added,
+                                          tmp_path / "logs" / "p" / "upstream", log=lambda msg: None)
+    assert gate["ok"] is ok, gate["text"]
+    assert gate["text"].startswith(f"on torch {series_gates.OLDEST_TORCH}: ")
+    assert asked == [[f"torch=={series_gates.OLDEST_TORCH}", "tqdm", "pytest"]]
+    assert series_gates.oldest_torch_gate([], datetime(2026, 7, 1), tmp_path, {}, tmp_path)["ok"]

@@ -55,6 +55,9 @@ read_summary = results.read_patch_summary  # (BadInput is the contract's)
 def issue_of(patch: patches.Patch) -> str:
     """The number of the issue the patch fixes, from its ``Bug`` URL (for ``Fixes #N``)."""
     found = re.search(r"/issues/(\d+)", patch.headers["Bug"])
+    if not found and patch.headers["Bug"].startswith("patches/issues/"):
+        raise BadInput(f"{patch.name}: Bug names the draft {patch.headers['Bug']}: file that issue upstream, "
+                       "then put its URL in Bug")
     if not found:
         raise BadInput(f"{patch.name}: Bug is not an issue URL (.../issues/N), which `Fixes #N` needs")
     return found.group(1)

@@ -221,14 +221,21 @@ def parse_record(spec: str) -> tuple[str, Path]:
 
 def merge_patch_rows(final: Path, files: dict[str, str], meta: dict) -> tuple[dict[str, str], dict]:
     """A patches run of some patches (``--patch``) recorded over a record of more: the rows of the
-    patches it ran replace theirs, in place, and the other rows are kept, with where they came from."""
+    patches it ran replace theirs, in place, and the other rows are kept, with where they came from;
+    the rows of a patch that left ``patches/series`` are dropped."""
+    from tools.series import patches, series_gates
+
     new = json.loads(files["summary.json"])
-    old = json.loads((final / "summary.json").read_text())
     ran = {r.get("patch") for r in new}
+    in_series = {p.name for p in patches.series()} | ran
+    old = json.loads((final / "summary.json").read_text())
+    gone = sorted({r.get("patch") for r in old if r.get("patch") not in in_series})
+    if gone:
+        print(f"{final}: dropped the rows of {', '.join(gone)} (no longer in the series)", flush=True)
+    old = [r for r in old if r.get("patch") in in_series]
     kept = [r for r in old if r.get("patch") not in ran]
     if not kept:
         return files, meta
-    from tools.series import series_gates
 
     rows, placed = [], False
     for r in old:
@@ -244,7 +251,7 @@ def merge_patch_rows(final: Path, files: dict[str, str], meta: dict) -> tuple[di
     earlier = previous.get("rows_from") or [
         {"rows": sorted({r.get("patch") for r in old}), "source": previous.get("source", "?"),
          "date": previous.get("date", "?"), "command": previous.get("command", "?")}]
-    earlier = [{**e, "rows": [p for p in e["rows"] if p not in ran]} for e in earlier]
+    earlier = [{**e, "rows": [p for p in e["rows"] if p not in ran and p in in_series]} for e in earlier]
     rows_from = [e for e in earlier if e["rows"]] + [
         {"rows": sorted(ran), "source": meta["source"], "date": meta["date"], "command": meta["command"]}]
     print(f"{final}: replaced the rows of {', '.join(sorted(ran))}, kept {len(kept)} other rows", flush=True)

@@ -19,13 +19,15 @@ from tools.series import upstream_tests as ut
 from tools.series.patched import CACHE, patched_env, scratch, site_packages
 
 TEST_TORCH = "2.13.0"  # the torch of the upstream test environment
+# the oldest torch of Lightning's CPU CI (its ci-tests-pytorch workflow: "2.1"), newest patch release
+OLDEST_TORCH = "2.1.2"
 REPEAT = 5  # runs of each new multi-process test (the flaky gate)
 
 
 # -- the gates: once per patch, on checkouts ----------------------------------------------------
 
-GATES = ("upstream tests", "existing tests", "flaky", "with torch's patches", "types", "lint", "license",
-         "changelog", "open upstream work", "claims", "behaviour kept")
+GATES = ("upstream tests", "existing tests", "flaky", "oldest torch", "with torch's patches", "types", "lint",
+         "license", "changelog", "open upstream work", "claims", "behaviour kept")
 CELL_GATES = ("setups kept",)  # run in the cell's environments, per row (tools/series/kept.py)
 
 
@@ -87,10 +89,9 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
     states = checkout_states(patch, repo, after_wt, earlier)
     master = gitrange.resolve(repo, "master")
     before = on_top_of(before_wt, master, earlier)
+    moment = datetime.fromisoformat(gitrange.commit_info(repo, master).date)
     python = envs.ensure(f"upstream-tests-{master[:12]}",
-                         envs.era_args([*before_wt.requirements(), "pytest"], TEST_TORCH,
-                                       datetime.fromisoformat(gitrange.commit_info(repo, master).date)),
-                         log=log)
+                         envs.era_args([*before_wt.requirements(), "pytest"], TEST_TORCH, moment), log=log)
     tests = patch.test_changes()
     named = patch.headers.get("X-Tests", "").split() or list(tests)
     alone = None
@@ -115,6 +116,7 @@ def lightning_gates(patch: patches.Patch, logs: Path, repeat: int, log=print) ->
         log(f"  {patch.name}: {len(several)} new multi-process tests, {repeat} runs")
     gates["flaky"] = ut.flaky_gate(several, repeat, lambda i: ut.run_tests(
         python, after, {n: added[n] for n in several}, logs / f"flaky-{i}"))
+    gates["oldest torch"] = oldest_torch_gate(before_wt.requirements(), moment, after, added, logs, log)
     gates["with torch's patches"] = torch_series_gate(series, python, after, added, logs, log)
     gates["open upstream work"] = open_upstream_work(patch, repo, master, log)
     runs = [with_it.outcomes, *(r["outcomes"] for r in gates["flaky"].get("details", {}).get("runs", []))]
@@ -159,6 +161,22 @@ def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, ad
     ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
     how = "" if ok else f" ({ut.describe(report)})"
     return ut.gate(ok, f"on torch with {names}: {ut.fmt(counts)}{how}")
+
+
+def oldest_torch_gate(requirements: list[str], moment: datetime, after: Path, added: dict[str, str],
+                      logs: Path, log=print) -> dict:
+    """The tests the patch adds also pass on the oldest torch of Lightning's CPU CI
+    (``OLDEST_TORCH``), in an environment of master's requirements as of its date."""
+    if not added:
+        return ut.gate(True, "the patch adds no test")
+    log(f"  {logs.parent.name}: its {len(added)} tests on torch {OLDEST_TORCH}")
+    python = envs.ensure(f"upstream-tests-torch{OLDEST_TORCH}",
+                         envs.era_args([*requirements, "pytest"], OLDEST_TORCH, moment), log=log)
+    report = ut.run_tests(python, after, added, logs / f"torch-{OLDEST_TORCH}")
+    counts = report.counts()
+    ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
+    how = "" if ok else f" ({ut.describe(report)})"
+    return ut.gate(ok, f"on torch {OLDEST_TORCH}: {ut.fmt(counts)}{how}", outcomes=report.outcomes)
 
 
 def freeze(python: Path, path: Path) -> Path:
