@@ -74,7 +74,7 @@ def classify(text: str) -> str:
         return "ok"
     if text.rstrip().splitlines()[-1].startswith("NotApplicable:"):
         return "not_applicable"
-    if CLEAR_ERROR.search(text):  # a fix's message, also one added to torch's own (the raw error's text stays)
+    if CLEAR_ERROR.search(text):  # a fix's message, also one added to torch's (whose text stays)
         return "clear_error"
     if f"AttributeError: {SIGNATURE}" in text:  # the raw error itself, not a message quoting it
         return "signature"
