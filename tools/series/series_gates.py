@@ -157,10 +157,7 @@ def torch_series_gate(series: list[patches.Patch], python: Path, after: Path, ad
         except subprocess.CalledProcessError as err:
             return ut.gate(False, f"cannot copy the test environment ({' '.join(err.cmd[:3])} failed)")
         report = ut.run_tests(python, after, added, logs / "with-torch-patches")
-    counts = report.counts()
-    ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
-    how = "" if ok else f" ({ut.describe(report)})"
-    return ut.gate(ok, f"on torch with {names}: {ut.fmt(counts)}{how}")
+    return added_tests_gate(report, f"on torch with {names}")
 
 
 def oldest_torch_gate(requirements: list[str], moment: datetime, after: Path, added: dict[str, str],
@@ -173,10 +170,15 @@ def oldest_torch_gate(requirements: list[str], moment: datetime, after: Path, ad
     python = envs.ensure(f"upstream-tests-torch{OLDEST_TORCH}",
                          envs.era_args([*requirements, "pytest"], OLDEST_TORCH, moment), log=log)
     report = ut.run_tests(python, after, added, logs / f"torch-{OLDEST_TORCH}")
+    return added_tests_gate(report, f"on torch {OLDEST_TORCH}")
+
+
+def added_tests_gate(report: ut.Report, where: str) -> dict:
+    """The patch's added tests, run somewhere else: at least one passed, none failed."""
     counts = report.counts()
     ok = report.reported and counts.get("passed", 0) > 0 and not ut.run_failed(report)
     how = "" if ok else f" ({ut.describe(report)})"
-    return ut.gate(ok, f"on torch {OLDEST_TORCH}: {ut.fmt(counts)}{how}", outcomes=report.outcomes)
+    return ut.gate(ok, f"{where}: {ut.fmt(counts)}{how}")
 
 
 def freeze(python: Path, path: Path) -> Path:
