@@ -3,12 +3,14 @@ stress scenario.
 
     python bench/torch_designs.py [--cell pl2_6_6_torch2_13_0] [--repeat 3] [--filter REGEX] [--out DIR]
 
-Three environments of the cell: torch as released (the cached cell environment, not modified),
-and two throwaway ones (uv, from its cache) with torch patched:
+Four environments of the cell: torch as released (the cached cell environment, not modified),
+and three throwaway ones (uv, from its cache) with torch patched:
 
 - **A, clear error**: the series' torch patch: a ``RuntimeError`` naming the cause;
-- **B, skip**: when the DDP instance is gone, return the gradients as they are, no reducer work
-  (what torch did before 2.1, when the sink held the instance strongly and it stayed alive).
+- **B, skip**: when the DDP instance is gone, return the gradients as they are, no reducer work;
+- **C, keep the reducer**: the sink's node holds the instance's reducer (and with it the
+  reducer's gradient hooks) as torch did before 2.1, and when the instance is gone does what
+  torch 2.0's sink did: enqueue the delayed all-reduce on a static graph's first backward.
 
 In each: the whole catalogue of ``repro/ddp_weakref_stress.py`` (every run under the harness, the
 GC-timing scenarios ``--repeat`` times) and one scenario the catalogue lacks,
@@ -45,6 +47,25 @@ SKIP_DIFF = """\
 @@ -397,2 +397,4 @@
          ddp_weakref = ctx.ddp_weakref()
 +        if ddp_weakref is None:  # the DDP instance that built this graph is gone
++            return (None, *grad_outputs)
+         reducer = ddp_weakref.reducer
+"""
+
+# Design C (not in the series either): the node keeps the reducer alive, as before torch 2.1.
+KEEP_REDUCER_DIFF = """\
+--- a/torch/nn/parallel/distributed.py
++++ b/torch/nn/parallel/distributed.py
+@@ -385,2 +385,5 @@
+         ctx.ddp_weakref = ddp_weakref
++        ddp = ddp_weakref()  # design C: the node keeps the reducer, as before torch 2.1
++        ctx.reducer = ddp.reducer
++        ctx.delay_all_reduce = ddp.static_graph and not ddp._static_graph_delay_allreduce_enqueued
+         ret = inputs
+@@ -397,2 +400,6 @@
+         ddp_weakref = ctx.ddp_weakref()
++        if ddp_weakref is None:  # the instance is gone; its reducer is not
++            if ctx.delay_all_reduce:
++                Variable._execution_engine.queue_callback(ctx.reducer._delay_all_reduce)
 +            return (None, *grad_outputs)
          reducer = ddp_weakref.reducer
 """
@@ -119,9 +140,11 @@ def designs() -> list[tuple[str, object, str | None]]:
 
     torch_patch = next(p for p in patches.series() if p.target == "torch")
     skip = patches.Patch(Path("design-b-skip.patch"), {"X-Target": "torch"}, SKIP_DIFF)
+    keep = patches.Patch(Path("design-c-keep-reducer.patch"), {"X-Target": "torch"}, KEEP_REDUCER_DIFF)
     return [("as released", None, None),
             (f"A: clear error ({torch_patch.name})", torch_patch, torch_patch.installable_diff()),
-            ("B: skip", skip, SKIP_DIFF)]
+            ("B: skip", skip, SKIP_DIFF),
+            ("C: keep the reducer", keep, KEEP_REDUCER_DIFF)]
 
 
 def runs_of(python: Path, out: Path, cmd: list[str], log: Path) -> list[dict]:

@@ -159,11 +159,17 @@ def torch_rewrap_cached_output(ctx):
 
 @scenario("torch", "signature")
 def torch_temporary_wrapper(ctx):
-    """Backprop through the output of a DDP wrapper that was only a temporary."""
+    """Backprop through the output of a DDP wrapper that was only a temporary; a backward that
+    completes must have reduced the gradients (each rank's batch differs)."""
     torch, model, batch = _torch_setup(ctx)
     STEP[0] += 1
     out = _ddp(torch, model, find_unused_parameters=True)(batch())
     out.sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    both = [torch.empty_like(grads) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(both, grads)
+    if not all(torch.equal(both[0], g) for g in both[1:]):
+        raise RuntimeError("backward completed but the ranks' gradients differ: no all-reduce ran")
 
 
 @scenario("torch", "signature")
