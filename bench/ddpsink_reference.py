@@ -1,5 +1,5 @@
-"""#20706, torch: why ``_DDPSink`` should keep its weak reference to the DDP instance (and hold the
-reducer, as the series' torch patch does) rather than hold the instance itself strongly.
+"""#20706, torch: why ``_DDPSink`` should keep its weak reference to the DDP instance rather than
+hold it strongly again (the alternative a torch reviewer asks about first).
 
     python bench/ddpsink_reference.py [--rounds 5]
 
@@ -8,9 +8,8 @@ One process, a Gloo group of one rank. Each round wraps a small module in a new
 forward), runs one forward and lets the module keep, without ``detach()``, either that output (a
 cache) or a value computed from it (a running loss, a memory bank); then it drops every name of
 the module and the instance and runs ``gc.collect()``. It counts the instances still alive, with
-torch's sink as it is and with the sink's forward patched to keep on its context, as well, a
-strong reference to the instance, or to the instance's reducer (what the series' torch patch
-does). Prints one JSON line per sink and kept value.
+torch's sink as it is and with the sink's forward patched to keep a strong reference on its
+context as well. Prints one JSON line per sink and kept value.
 """
 
 import argparse
@@ -52,12 +51,12 @@ def alive_after_collect(rounds: int, keep) -> int:
     return sum(ref() is not None for ref in refs)
 
 
-def holding_sink(held):
-    """Patch the sink's forward to hold ``held(instance)`` on its context too; returns the undo."""
+def strong_sink():
+    """Patch the sink's forward to hold the instance on its context too; returns the undo."""
     forward = ddp_module._DDPSink.forward
 
     def holding(ctx, ddp_weakref, *inputs):
-        ctx.held = held(ddp_weakref())
+        ctx.ddp_instance = ddp_weakref()
         return forward(ctx, ddp_weakref, *inputs)
 
     ddp_module._DDPSink.forward = staticmethod(holding)
@@ -74,13 +73,12 @@ def main() -> None:
     try:
         rows = [("weak reference (as released)", kept, alive_after_collect(args.rounds, keep))
                 for kept, keep in KEPT.items()]
-        for sink, held in (("and the reducer (the series' patch)", lambda ddp: ddp.reducer),
-                           ("strong reference", lambda ddp: ddp)):
-            undo = holding_sink(held)
-            try:
-                rows += [(sink, kept, alive_after_collect(args.rounds, keep)) for kept, keep in KEPT.items()]
-            finally:
-                undo()
+        undo = strong_sink()
+        try:
+            rows += [("strong reference", kept, alive_after_collect(args.rounds, keep))
+                     for kept, keep in KEPT.items()]
+        finally:
+            undo()
     finally:
         dist.destroy_process_group()
     for sink, kept, alive in rows:

@@ -6,13 +6,11 @@ stress scenario.
 Four environments of the cell: torch as released (the cached cell environment, not modified),
 and three throwaway ones (uv, from its cache) with torch patched:
 
-- **A, clear error**: a ``RuntimeError`` naming the cause when the DDP instance is gone (the
-  series' torch patch before it became C);
+- **A, clear error**: the series' torch patch: a ``RuntimeError`` naming the cause;
 - **B, skip**: when the DDP instance is gone, return the gradients as they are, no reducer work;
-- **C, keep the reducer**: the series' torch patch: the sink's node holds the instance's reducer
-  (and with it the reducer's gradient hooks) as torch did before 2.1, and when the instance is
-  gone does what torch 2.0's sink did: enqueue the delayed all-reduce on a static graph's first
-  backward.
+- **C, keep the reducer**: the sink's node holds the instance's reducer (and with it the
+  reducer's gradient hooks) as torch did before 2.1, and when the instance is gone does what
+  torch 2.0's sink did: enqueue the delayed all-reduce on a static graph's first backward.
 
 In each: the whole catalogue of ``repro/ddp_weakref_stress.py`` (every run under the harness, the
 GC-timing scenarios ``--repeat`` times) and one scenario the catalogue lacks,
@@ -53,19 +51,22 @@ SKIP_DIFF = """\
          reducer = ddp_weakref.reducer
 """
 
-# Design A (the series' patch before C): a clear error when the DDP instance is gone.
-CLEAR_ERROR_DIFF = """\
+# Design C (not in the series either): the node keeps the reducer alive, as before torch 2.1.
+KEEP_REDUCER_DIFF = """\
 --- a/torch/nn/parallel/distributed.py
 +++ b/torch/nn/parallel/distributed.py
-@@ -397,2 +397,9 @@
+@@ -385,2 +385,5 @@
+         ctx.ddp_weakref = ddp_weakref
++        ddp = ddp_weakref()  # design C: the node keeps the reducer, as before torch 2.1
++        ctx.reducer = ddp.reducer
++        ctx.delay_all_reduce = ddp.static_graph and not ddp._static_graph_delay_allreduce_enqueued
+         ret = inputs
+@@ -397,2 +400,6 @@
          ddp_weakref = ctx.ddp_weakref()
-+        if ddp_weakref is None:
-+            raise RuntimeError(
-+                "Backward was called through an output whose autograd graph was built "
-+                "by a DistributedDataParallel instance that no longer exists (it was "
-+                "freed). Detach outputs kept across iterations or across "
-+                "DistributedDataParallel instances, or keep the instance alive."
-+            )
++        if ddp_weakref is None:  # the instance is gone; its reducer is not
++            if ctx.delay_all_reduce:
++                Variable._execution_engine.queue_callback(ctx.reducer._delay_all_reduce)
++            return (None, *grad_outputs)
          reducer = ddp_weakref.reducer
 """
 
@@ -138,12 +139,12 @@ def designs() -> list[tuple[str, object, str | None]]:
     from tools.series import patches
 
     torch_patch = next(p for p in patches.series() if p.target == "torch")
-    clear = patches.Patch(Path("design-a-clear-error.patch"), {"X-Target": "torch"}, CLEAR_ERROR_DIFF)
     skip = patches.Patch(Path("design-b-skip.patch"), {"X-Target": "torch"}, SKIP_DIFF)
+    keep = patches.Patch(Path("design-c-keep-reducer.patch"), {"X-Target": "torch"}, KEEP_REDUCER_DIFF)
     return [("as released", None, None),
-            ("A: clear error", clear, CLEAR_ERROR_DIFF),
+            (f"A: clear error ({torch_patch.name})", torch_patch, torch_patch.installable_diff()),
             ("B: skip", skip, SKIP_DIFF),
-            (f"C: keep the reducer ({torch_patch.name})", torch_patch, torch_patch.installable_diff())]
+            ("C: keep the reducer", keep, KEEP_REDUCER_DIFF)]
 
 
 def runs_of(python: Path, out: Path, cmd: list[str], log: Path) -> list[dict]:

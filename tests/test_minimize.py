@@ -875,7 +875,7 @@ def test_the_series_patch_as_the_control_on_a_real_program(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("name, why", [
     ("no-such.patch", "no patch 'no-such.patch' in the series"),
-    ("torch-ddpsink-keep-reducer.patch", "a torch patch"),
+    ("torch-ddpsink-freed-module-error.patch", "a torch patch"),
 ])
 def test_a_control_patch_that_is_not_a_lightning_patch_of_the_series_is_bad_input(tmp_path, name, why):
     script = project(tmp_path, train=STEP_TRAIN, engine=STEP_ENGINE)
