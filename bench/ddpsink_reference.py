@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import tempfile
 import weakref
 
 import torch
@@ -67,20 +68,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="DDP instances made and dropped")
     args = parser.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29571")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        rows = [("weak reference (as released)", kept, alive_after_collect(args.rounds, keep))
-                for kept, keep in KEPT.items()]
-        undo = strong_sink()
+    with tempfile.TemporaryDirectory() as folder:  # a file store: no port, so two runs at once do not meet
+        store = dist.FileStore(os.path.join(folder, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:
-            rows += [("strong reference", kept, alive_after_collect(args.rounds, keep))
-                     for kept, keep in KEPT.items()]
+            rows = [("weak reference (as released)", kept, alive_after_collect(args.rounds, keep))
+                    for kept, keep in KEPT.items()]
+            undo = strong_sink()
+            try:
+                rows += [("strong reference", kept, alive_after_collect(args.rounds, keep))
+                         for kept, keep in KEPT.items()]
+            finally:
+                undo()
         finally:
-            undo()
-    finally:
-        dist.destroy_process_group()
+            dist.destroy_process_group()
     for sink, kept, alive in rows:
         print(json.dumps({"torch": torch.__version__, "sink": sink, "module keeps": kept,
                           "instances": args.rounds, "alive_after_gc_collect": alive}))
