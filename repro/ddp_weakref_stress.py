@@ -217,6 +217,32 @@ def torch_rewrap_detached(ctx):
     _train(torch, ddp, lambda: batch() + 0 * kept.sum(), 2)
 
 
+@scenario("control", "ok")
+def torch_old_graph_kept_unused(ctx):
+    """Rank 0 alone keeps an output of a wrapper (as code that caches a prediction to log does),
+    never backpropagates it, and re-wraps; the new wrapper trains: clean, the ranks' gradients
+    equal. A design that kept the freed wrapper's reducer alive would let its hooks fire, on
+    rank 0 only, in the new wrapper's backward."""
+    torch, model, batch = _torch_setup(ctx)
+    ddp = _ddp(torch, model, find_unused_parameters=True)
+    STEP[0] += 1
+    out = ddp(batch())
+    kept = out if ctx.rank == 0 else out.detach()  # noqa: F841 - rank 0 keeps the graph (and sink)
+    del out
+    ddp = _ddp(torch, model, find_unused_parameters=True)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    for _ in range(3):
+        STEP[0] += 1
+        ddp(batch()).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        both = [torch.empty_like(grads) for _ in range(ctx.world_size)]
+        torch.distributed.all_gather(both, grads)
+        if not all(torch.equal(both[0], g) for g in both[1:]):
+            raise RuntimeError("the ranks' gradients differ after the new wrapper's backward")
+        opt.step()
+        opt.zero_grad()
+
+
 # ---- Lightning ------------------------------------------------------------------------------
 
 def _lightning(ctx, *, carrier=None, manual=False, accumulate=1, validate=False, checkpoint=False,

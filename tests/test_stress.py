@@ -140,3 +140,11 @@ def test_without_out_no_folder_is_left_behind(runner, tmp_path):
     assert r.code == 1, r.reason
     assert r.record["details"]["results"] == "not kept (give --out)"
     assert set(Path(tempfile.gettempdir()).glob("ddp-weakref-*")) == before
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_old_graph_kept_on_one_rank_leaves_a_new_wrapper_training_in_step(runner, tmp_path):
+    r, runs, _ = judge(runner, tmp_path, "--scenario", "torch_old_graph_kept_unused", "--strict")
+    assert (r.code, r.verdict) == (0, "good"), r.reason
+    assert runs[0]["outcomes"] == ["ok", "ok"] and runs[0]["steps"] == [4, 4]
