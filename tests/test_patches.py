@@ -593,6 +593,35 @@ def test_pr_bundle_needs_an_issue_to_fix(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "pr").exists()
 
 
+def test_pr_bundle_of_a_torch_patch_is_a_commit_without_the_series_fields(tmp_path, monkeypatch, capsys):
+    from tools import pr_bundle
+    from tools.core import results
+
+    text = GOOD.replace(b"Bug: https://example.com/1", b"Bug: https://github.com/pytorch/pytorch/issues/123")
+    text = text.replace(b"X-Base: v2.13.0\n", b"X-Base: v2.13.0\nX-Cells: pl2_6_6_torch2_13_0\n")
+    series_folder(tmp_path, monkeypatch, b"ok.patch\n", {"ok.patch": text})
+    monkeypatch.setattr(results, "RESULTS", tmp_path)
+    monkeypatch.setattr(pr_bundle, "identity", lambda: ("A Person", "a.person@example.org"))
+    (patch,) = patches.named("ok.patch")
+    validated(tmp_path, patch)
+    assert pr_bundle.main(["ok.patch"]) == 0, capsys.readouterr().err
+    made = tmp_path / "pr" / "ok" / "ok.patch"
+    message, _, diff = made.read_text().partition("\n---\n")
+    assert message.endswith("Why the change is needed.\n\nFixes #123")
+    assert not re.search(r"(?m)^(Bug|Forwarded|Origin|Last-Update|X-[\w-]+):", message)
+    assert diff == DIFF
+    repo = tmp_path / "torch-checkout"
+    (repo / "torch").mkdir(parents=True)
+    (repo / "torch" / "m.py").write_text(ORIGINAL)
+    git = ["git", "-c", "user.name=x", "-c", "user.email=x@example.org"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"], ["am", "-q", str(made)],
+                 ["log", "-1", "--format=%an <%ae>%n%B"]):
+        proc = subprocess.run([*git, *args], cwd=repo, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("A Person <a.person@example.org>\na title that goes on the next line\n\n"
+                                   "Why the change is needed.\n\nFixes #123")
+
+
 def test_pr_bundle_asks_for_the_issue_a_draft_becomes(tmp_path, monkeypatch, capsys):
     from tools import pr_bundle
     from tools.core import results

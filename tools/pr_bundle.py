@@ -255,11 +255,13 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
             raise BadInput(f"LIGHTNING_REPO: {err}") from None
         prs = open_work.related(repo, master, patch.files, issue, patch.diff)
         out["body.md"] = body(patch, rows, bisect, [dataclasses.asdict(p) for p in prs], master)
-    else:  # the series' file, its placeholder author replaced by the user's identity
+    else:  # the series' file as the PR's commit: the user as its author, "Fixes #N" for the series' fields
         out["body.md"] = body(patch, rows, bisect)
         text = fill(patches.read(patch.path, patch.name), number)
-        author = f"From: {who[0]} <{who[1]}>"
-        out[patch.name] = re.sub(r"^From: .*$", lambda _: author, text, count=1, flags=re.M)
+        text = re.sub(r"^From: .*$", lambda _: f"From: {who[0]} <{who[1]}>", text, count=1, flags=re.M)
+        message, sep, rest = text.partition("\n---\n")
+        message = re.sub(r"\n\nBug: .*\Z", "", message, flags=re.S)  # the series' own fields (DEP-3)
+        out[patch.name] = f"{message}\n\n{closes(patch, issue)}{sep}{rest}"
     return out
 
 
