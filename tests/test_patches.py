@@ -593,12 +593,18 @@ def test_pr_bundle_needs_an_issue_to_fix(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "pr").exists()
 
 
-def test_pr_bundle_of_a_torch_patch_is_a_commit_without_the_series_fields(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("order", ["bug-first", "bug-last"])
+def test_pr_bundle_of_a_torch_patch_is_a_commit_without_the_series_fields(tmp_path, monkeypatch, capsys,
+                                                                          order):
     from tools import pr_bundle
     from tools.core import results
 
-    text = GOOD.replace(b"Bug: https://example.com/1", b"Bug: https://github.com/pytorch/pytorch/issues/123")
-    text = text.replace(b"X-Base: v2.13.0\n", b"X-Base: v2.13.0\nX-Cells: pl2_6_6_torch2_13_0\n")
+    bug = b"Bug: https://github.com/pytorch/pytorch/issues/123\n"
+    text = GOOD.replace(b"Bug: https://example.com/1\n", b"" if order == "bug-last" else bug)
+    fields_end = b"X-Cells: pl2_6_6_torch2_13_0\n" + (bug if order == "bug-last" else b"")
+    text = text.replace(b"X-Base: v2.13.0\n", b"X-Base: v2.13.0\n" + fields_end)
+    # a paragraph of the message that happens to start like a field
+    text = text.replace(b"Why the change is needed.\n", b"Why the change is needed.\n\nBug: none of ours.\n")
     series_folder(tmp_path, monkeypatch, b"ok.patch\n", {"ok.patch": text})
     monkeypatch.setattr(results, "RESULTS", tmp_path)
     monkeypatch.setattr(pr_bundle, "identity", lambda: ("A Person", "a.person@example.org"))
@@ -607,8 +613,8 @@ def test_pr_bundle_of_a_torch_patch_is_a_commit_without_the_series_fields(tmp_pa
     assert pr_bundle.main(["ok.patch"]) == 0, capsys.readouterr().err
     made = tmp_path / "pr" / "ok" / "ok.patch"
     message, _, diff = made.read_text().partition("\n---\n")
-    assert message.endswith("Why the change is needed.\n\nFixes #123")
-    assert not re.search(r"(?m)^(Bug|Forwarded|Origin|Last-Update|X-[\w-]+):", message)
+    assert message.endswith("Why the change is needed.\n\nBug: none of ours.\n\nFixes #123")
+    assert not re.search(r"(?m)^(Bug: http|Forwarded|Origin|Last-Update|X-[\w-]+):?", message)
     assert diff == DIFF
     repo = tmp_path / "torch-checkout"
     (repo / "torch").mkdir(parents=True)
@@ -619,7 +625,7 @@ def test_pr_bundle_of_a_torch_patch_is_a_commit_without_the_series_fields(tmp_pa
         proc = subprocess.run([*git, *args], cwd=repo, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ("A Person <a.person@example.org>\na title that goes on the next line\n\n"
-                                   "Why the change is needed.\n\nFixes #123")
+                                   "Why the change is needed.\n\nBug: none of ours.\n\nFixes #123")
 
 
 def test_pr_bundle_asks_for_the_issue_a_draft_becomes(tmp_path, monkeypatch, capsys):

@@ -260,7 +260,7 @@ def files(patch: patches.Patch, issue: str, rows: list[dict], bisect: str | None
         text = fill(patches.read(patch.path, patch.name), number)
         text = re.sub(r"^From: .*$", lambda _: f"From: {who[0]} <{who[1]}>", text, count=1, flags=re.M)
         message, sep, rest = text.partition("\n---\n")
-        message = re.sub(r"\n\nBug: .*\Z", "", message, flags=re.S)  # the series' own fields (DEP-3)
+        message = message.rsplit("\n\n", 1)[0]  # its last paragraph holds the series' fields (DEP-3)
         out[patch.name] = f"{message}\n\n{closes(patch, issue)}{sep}{rest}"
     return out
 
